@@ -1,0 +1,2 @@
+"""fedbench: Bayesian / Laplace federated-learning benchmark suite."""
+__version__ = "0.1.0"
