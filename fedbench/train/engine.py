@@ -1,0 +1,280 @@
+"""Local training of one round's clients: serial (one reused worker) or batched (stacked weights).
+
+Both backends draw the same batches from the same per-client generators and apply the
+same updates, so they give the same trained weights up to float rounding (a test checks).
+Data stay as tensors on the training device; a batch is an index gather, never a DataLoader.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedbench.errors import FedbenchError
+from fedbench.train.config import LocalTrainConfig
+from fedbench.train.optim import StackedOptimizer, clip_stacked_
+from fedbench.train.stacked import StackedModel, choose_conv_strategies
+from fedbench.train.terms import LossTerm
+
+Params = Dict[str, Tensor]
+BACKENDS = ("serial", "batched")
+
+
+@dataclass
+class TrainData:
+    """Training tensors on the device plus how a raw batch becomes a model input."""
+
+    x: Tensor                      # uint8 images or float features, on the device
+    y: Tensor
+    mean: Optional[Sequence[float]] = None
+    std: Optional[Sequence[float]] = None
+    augment: Optional[Callable] = None   # fedbench.data.transforms.Augment (enabled or None)
+    task: str = "classification"
+
+    def __post_init__(self):
+        dev, dt = self.x.device, torch.float32
+        self._mean = None if self.mean is None else torch.tensor(self.mean, device=dev, dtype=dt)
+        self._std = None if self.std is None else torch.tensor(self.std, device=dev, dtype=dt)
+
+    def inputs(self, idx: Tensor) -> Tensor:
+        x = self.x[idx]
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        if self._mean is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            x = (x - self._mean.view(shape)) / self._std.view(shape)
+        return x
+
+    def targets(self, idx: Tensor) -> Tensor:
+        return self.y[idx]
+
+
+@dataclass
+class LocalObjective:
+    """What a method adds to plain local training.
+
+    terms: extra loss terms (see fedbench.train.terms), each called as term(params, ctx) with
+    ctx = {**shared_ctx, **client_ctx[k]}; step_hooks: objects with
+    ``after_backward(client_ids, grads, batch_sizes)`` called once per optimiser step with the
+    (stacked) gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator).
+    """
+
+    terms: List[LossTerm] = field(default_factory=list)
+    shared_ctx: dict = field(default_factory=dict)
+    client_ctx: Optional[List[dict]] = None
+    step_hooks: list = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    params: List[Params]           # trained weights per client (detached, on the device)
+    steps: List[int]               # optimiser steps per client (FedNova's tau_k)
+    mean_loss: List[float]         # mean training loss over the last epoch per client
+    seconds: float
+
+
+def data_loss(out: Tensor, y: Tensor, task: str) -> Tensor:
+    """Per-sample loss: cross-entropy, BCE for a single logit, or 1/2 squared error."""
+    if task == "regression":
+        return 0.5 * (out.reshape(y.shape) - y) ** 2
+    if out.shape[-1] == 1:
+        return F.binary_cross_entropy_with_logits(out.squeeze(-1), y.float(), reduction="none")
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def client_generator(seed: int, round_idx: int, client_id: int) -> torch.Generator:
+    """Independent, reproducible stream per (run seed, round, client)."""
+    s = int(np.random.SeedSequence([int(seed), int(round_idx), int(client_id)]).generate_state(1)[0])
+    return torch.Generator().manual_seed(s)
+
+
+def epoch_batches(n: int, batch_size: int, gen: torch.Generator, drop_last: bool) -> List[Tensor]:
+    perm = torch.randperm(n, generator=gen)
+    batches = list(torch.split(perm, batch_size))
+    if drop_last and batches and len(batches[-1]) < batch_size and len(batches) > 1:
+        batches.pop()
+    return batches
+
+
+def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Tensor],
+                  start: Params | Sequence[Params], local: LocalTrainConfig, *,
+                  objective: Optional[LocalObjective] = None, seed: int = 0, round_idx: int = 0,
+                  client_ids: Optional[Sequence[int]] = None, backend: str = "serial",
+                  conv_strategy: str | dict = "auto", progress=None) -> TrainResult:
+    """Train each client from ``start`` (one shared dict or one per client) for local.epochs."""
+    if backend not in BACKENDS:
+        raise FedbenchError(f"unknown training backend '{backend}'; choose one of {BACKENDS}")
+    objective = objective or LocalObjective()
+    k = len(client_indices)
+    client_ids = list(range(k)) if client_ids is None else list(client_ids)
+    starts = [start] * k if isinstance(start, dict) else list(start)
+    if len(starts) != k:
+        raise FedbenchError(f"got {len(starts)} start states for {k} clients")
+    t0 = time.perf_counter()
+    if local.epochs == 0 or k == 0:
+        params = [{n: t.detach().clone() for n, t in s.items()} for s in starts]
+        return TrainResult(params, [0] * k, [float("nan")] * k, time.perf_counter() - t0)
+    fn = _train_serial if backend == "serial" else _train_batched
+    out = fn(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
+             conv_strategy, progress)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _ctx(objective: LocalObjective, i: int) -> dict:
+    if objective.client_ctx is None:
+        return objective.shared_ctx
+    return {**objective.shared_ctx, **objective.client_ctx[i]}
+
+
+def _augment(data: TrainData, x: Tensor, gen: torch.Generator) -> Tensor:
+    return data.augment(x, gen) if data.augment is not None and x.shape[0] > 0 else x
+
+
+def _train_serial(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
+                  conv_strategy, progress) -> TrainResult:
+    worker = copy.deepcopy(model)
+    named = dict(worker.named_parameters())
+    results, steps, losses = [], [], []
+    for i, (idx_all, st) in enumerate(zip(client_indices, starts)):
+        with torch.no_grad():
+            for n, p in named.items():
+                p.copy_(st[n])
+        if local.optimizer == "sgd":
+            opt = torch.optim.SGD(worker.parameters(), lr=local.lr, momentum=local.momentum,
+                                  dampening=local.dampening, nesterov=local.nesterov,
+                                  weight_decay=local.weight_decay)
+        else:
+            opt = torch.optim.Adam(worker.parameters(), lr=local.lr, betas=local.betas, eps=local.eps,
+                                   weight_decay=local.weight_decay)
+        gen = client_generator(seed, round_idx, client_ids[i])
+        ctx = _ctx(objective, i)
+        n_steps, last_epoch_loss = 0, []
+        worker.train()
+        for epoch in range(local.epochs):
+            last_epoch_loss = []
+            for b in epoch_batches(len(idx_all), local.batch_size, gen, local.drop_last):
+                idx = idx_all[b.to(idx_all.device)]
+                x = _augment(data, data.inputs(idx), gen)
+                loss = data_loss(worker(x), data.targets(idx), data.task).mean()
+                last_epoch_loss.append(loss.detach())
+                for term in objective.terms:
+                    loss = loss + term(named, ctx)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if objective.step_hooks:
+                    grads = {n: p.grad.unsqueeze(0) for n, p in named.items()}
+                    for h in objective.step_hooks:
+                        h.after_backward([client_ids[i]], grads, torch.tensor([len(idx)]))
+                if local.clip_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(worker.parameters(), local.clip_grad_norm)
+                opt.step()
+                n_steps += 1
+            if progress is not None:
+                progress.update(1)
+        results.append({n: p.detach().clone() for n, p in named.items()})
+        steps.append(n_steps)
+        losses.append(float(torch.stack(last_epoch_loss).mean()) if last_epoch_loss else float("nan"))
+    return TrainResult(results, steps, losses, 0.0)
+
+
+def _train_batched(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
+                   conv_strategy, progress) -> TrainResult:
+    k = len(client_indices)
+    dev = data.x.device
+    bsz = local.batch_size
+    if conv_strategy == "auto":
+        conv_strategy = choose_conv_strategies(model, tuple(data.x.shape[1:]), k, bsz, dev)
+    stacked = StackedModel(model, conv_strategy).to(dev)
+    stacked.train()
+    names = [n for n, _ in model.named_parameters()]
+    params = {n: torch.stack([s[n].detach() for s in starts]).clone() for n in names}
+    opt = StackedOptimizer(params, local)
+    gens = [client_generator(seed, round_idx, cid) for cid in client_ids]
+    sizes = [len(ix) for ix in client_indices]
+    n_steps = [0] * k
+    loss_sums = torch.zeros(k, device=dev)
+    loss_counts = torch.zeros(k, device=dev)
+    terms = objective.terms
+    ctx_stacked, ctx_dims = _stack_ctx(objective, k)
+    for epoch in range(local.epochs):
+        loss_sums.zero_()
+        loss_counts.zero_()
+        batches = [epoch_batches(sizes[i], bsz, gens[i], local.drop_last) for i in range(k)]
+        n_batches = [len(b) for b in batches]
+        for s in range(max(n_batches)):
+            active = [i for i in range(k) if s < n_batches[i]]
+            rows = None if len(active) == k else torch.tensor(active, device=dev)
+            ka = len(active)
+            idx = torch.zeros(ka, bsz, dtype=torch.long, device=dev)
+            weight = torch.zeros(ka, bsz, device=dev)
+            for j, i in enumerate(active):
+                b = batches[i][s].to(dev)
+                idx[j, : len(b)] = client_indices[i][b]
+                weight[j, : len(b)] = 1.0
+            x = data.inputs(idx.reshape(-1))
+            if data.augment is not None:
+                x = x.reshape(ka, bsz, *x.shape[1:])
+                for j, i in enumerate(active):
+                    nb = len(batches[i][s])
+                    x[j, :nb] = _augment(data, x[j, :nb], gens[i])
+                x = x.reshape(ka * bsz, *x.shape[2:])
+            y = data.targets(idx.reshape(-1))
+            cur = {n: (p if rows is None else p[rows]).requires_grad_(True) for n, p in params.items()} \
+                if rows is not None else {n: p.detach().requires_grad_(True) for n, p in params.items()}
+            per_sample = data_loss(stacked(cur, x), y, data.task).reshape(ka, bsz)
+            counts = weight.sum(1)
+            client_loss = (per_sample * weight).sum(1) / counts
+            loss_sums[[*active]] += client_loss.detach()
+            loss_counts[[*active]] += 1
+            total = client_loss.sum()
+            for term in terms:
+                total = total + _vmapped_term(term, cur, ctx_stacked, ctx_dims, rows).sum()
+            grads = torch.autograd.grad(total, list(cur.values()))
+            grads = dict(zip(cur.keys(), grads))
+            if objective.step_hooks:
+                for h in objective.step_hooks:
+                    h.after_backward([client_ids[i] for i in active], grads, counts.long())
+            if local.clip_grad_norm is not None:
+                clip_stacked_(grads, local.clip_grad_norm)
+            opt.step(grads, rows)
+            for i in active:
+                n_steps[i] += 1
+        if progress is not None:
+            progress.update(k)
+    losses = (loss_sums / loss_counts.clamp_min(1)).tolist()
+    out = [{n: params[n][i].detach().clone() for n in names} for i in range(k)]
+    return TrainResult(out, n_steps, losses, 0.0)
+
+
+def _stack_ctx(objective: LocalObjective, k: int):
+    """Shared context is broadcast (vmap in_dim None); per-client context is stacked (in_dim 0)."""
+    from torch.utils._pytree import tree_map
+
+    shared = objective.shared_ctx
+    per = objective.client_ctx
+    stacked = {}
+    dims = {}
+    for key, val in shared.items():
+        stacked[key] = val
+        dims[key] = None
+    if per is not None:
+        for key in per[0]:
+            vals = [c[key] for c in per]
+            stacked[key] = tree_map(lambda *xs: torch.stack(xs), *vals)
+            dims[key] = 0
+    return stacked, dims
+
+
+def _vmapped_term(term, params, ctx, dims, rows):
+    from torch.utils._pytree import tree_map
+
+    if rows is not None:
+        ctx = {key: (tree_map(lambda t: t[rows], v) if dims[key] == 0 else v) for key, v in ctx.items()}
+    return torch.func.vmap(term, in_dims=(0, dims))(params, ctx)
