@@ -1,0 +1,8 @@
+"""Methods, registered by name (one module per method)."""
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message  # noqa: F401
+from fedbench.algorithms import fedavg  # noqa: F401  (registers)
+
+
+def build_algorithm(cfg, setup) -> Algorithm:
+    params = {k: v for k, v in dict(cfg).items() if k != "name"}
+    return ALGORITHMS.get(cfg["name"])(params, setup)

@@ -1,0 +1,94 @@
+"""The one interface every method implements, one-shot (rounds=1) or multi-round.
+
+A round: the server state gives each client its start weights and local objective; the
+engine trains all clients; each client turns its trained weights into a ``Message`` (what is
+uploaded, bytes counted); the server turns the messages into the next state. Methods
+override only the hooks they need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from fedbench.registry import Registry
+from fedbench.train.engine import LocalObjective, TrainResult
+
+Params = Dict[str, Tensor]
+ALGORITHMS: Registry = Registry("algorithm")
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a (nested) payload, at the dtype actually sent."""
+    if isinstance(obj, Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+@dataclass
+class Message:
+    client_id: int
+    num_samples: int
+    payload: Dict[str, Any]
+    info: Dict[str, Any] = field(default_factory=dict)   # not uploaded: e.g. local steps, train loss
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(self.payload)
+
+
+class Algorithm:
+    """Base class; ``setup`` is the run's ``fedbench.fl.loop.FLSetup`` (model, data, clients, device)."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, cfg: Mapping[str, Any], setup):
+        self.cfg = dict(cfg)
+        self.setup = setup
+
+    # --- server side -------------------------------------------------------------------
+    def init_state(self, params: Params) -> Dict[str, Any]:
+        """Server state before round 1; must hold the global weights under 'params'."""
+        return {"params": params}
+
+    def aggregate(self, messages: List[Message], state: Dict[str, Any], round_idx: int) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def predict_params(self, state: Dict[str, Any]) -> Params | List[Params]:
+        """Weights to evaluate: one dict, or a list (an ensemble, softmax-averaged)."""
+        return state["params"]
+
+    def downlink(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """What the server sends each client at the start of a round (for byte counting)."""
+        return {"params": state["params"]}
+
+    # --- client side -------------------------------------------------------------------
+    def start_params(self, state: Dict[str, Any], client_ids: Sequence[int]) -> Params | List[Params]:
+        return state["params"]
+
+    def local_objective(self, state: Dict[str, Any], client_ids: Sequence[int], round_idx: int) -> LocalObjective:
+        return LocalObjective()
+
+    def client_message(self, client_id: int, params: Params, result: TrainResult, pos: int,
+                       state: Dict[str, Any], round_idx: int) -> Message:
+        n = len(self.setup.client_indices[client_id])
+        return Message(client_id, n, {"params": params},
+                       {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
+
+
+def weighted_average(param_dicts: Sequence[Params], weights: Sequence[float]) -> Params:
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    w = w / w.sum()
+    out = {}
+    for name in param_dicts[0]:
+        acc = torch.zeros_like(param_dicts[0][name], dtype=torch.float64)
+        for wi, p in zip(w.tolist(), param_dicts):
+            acc.add_(p[name].double(), alpha=wi)
+        out[name] = acc.to(param_dicts[0][name].dtype)
+    return out

@@ -1,0 +1,220 @@
+"""Run one composed config end to end and write its record. ``run.py`` is a thin Hydra wrapper."""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import fedbench
+from fedbench.errors import FedbenchError
+from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record,
+                                      write_csv_atomic, write_json_atomic)
+
+HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "train_loss", "uplink_bytes", "downlink_bytes",
+                   "client_train_s", "client_post_s", "server_s", "eval_s")
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise FedbenchError(f"hardware.device '{spec}' is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FedbenchError(f"hardware.device={spec} but no CUDA device is available; use hardware=cpu or hardware=auto")
+    return dev
+
+
+def resolve_backend(spec: str, device: torch.device) -> str:
+    if spec == "auto":
+        return "batched" if device.type == "cuda" else "serial"
+    if spec not in ("serial", "batched"):
+        raise FedbenchError(f"hardware.backend must be auto, serial or batched, got '{spec}'")
+    return spec
+
+
+def _group(cfg: DictConfig, key: str) -> Dict[str, Any]:
+    node = cfg.get(key)
+    if node is None or "name" not in node:
+        raise FedbenchError(f"config group '{key}' is missing or has no 'name' (pick one with {key}=<option>)")
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every check that needs no data: names, ranges, combinations. Raises one-line FedbenchError."""
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.data import DATASETS
+    from fedbench.models import MODELS
+    from fedbench.partition import PARTITIONS
+    from fedbench.train.config import LocalTrainConfig
+
+    DATASETS.get(_group(cfg, "dataset")["name"])
+    pname = _group(cfg, "partition")["name"]
+    if not pname.startswith("noniid-#label"):
+        PARTITIONS.get(pname)
+    MODELS.get(_group(cfg, "model")["name"])
+    ALGORITHMS.get(_group(cfg, "algorithm")["name"])
+    for key in ("seed", "num_clients", "rounds"):
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool):
+            raise FedbenchError(f"{key} must be an integer, got {cfg.get(key)!r}")
+    if cfg.num_clients < 1:
+        raise FedbenchError(f"num_clients must be >= 1, got {cfg.num_clients}")
+    if cfg.rounds < 1:
+        raise FedbenchError(f"rounds must be >= 1 (a one-shot method is rounds=1), got {cfg.rounds}")
+    if cfg.eval.every < 1:
+        raise FedbenchError(f"eval.every must be >= 1, got {cfg.eval.every}")
+    LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
+    resolve_backend(cfg.hardware.backend, resolve_device(cfg.hardware.device))
+
+
+def _git_sha() -> Optional[str]:
+    try:
+        root = Path(fedbench.__file__).resolve().parents[1]
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def _abs(path: str, base: Optional[str]) -> str:
+    p = Path(os.path.expanduser(path))
+    return str(p if p.is_absolute() else Path(base or os.getcwd()) / p)
+
+
+def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Run ``cfg`` and write ``metrics.json`` + ``history.csv`` into ``output_dir``; returns the record."""
+    from fedbench.algorithms import build_algorithm
+    from fedbench.data import load_dataset
+    from fedbench.data.transforms import Augment
+    from fedbench.fl.loop import FLSetup, run_rounds
+    from fedbench.models import build_model, count_parameters
+    from fedbench.partition import client_label_counts, make_partition
+    from fedbench.results.loggers import make_logger
+    from fedbench.train.config import LocalTrainConfig
+    from fedbench.train.engine import TrainData
+
+    t_start = time.perf_counter()
+    out = Path(output_dir)
+    rec_path = out / "metrics.json"
+    run_id = compute_run_id(cfg)
+    if not cfg.get("force", False) and is_complete(rec_path, run_id):
+        print(f"fedbench: run {run_id} already has an ok record at {rec_path}; skipped (force=true reruns it)")
+        rec = read_record(rec_path)
+        rec["skipped"] = True
+        return rec
+
+    # ---- everything that can be rejected is rejected here, before any training -------------
+    validate(cfg)
+    dcfg, pcfg, mcfg, acfg = (_group(cfg, k) for k in ("dataset", "partition", "model", "algorithm"))
+    local = LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
+    device = resolve_device(cfg.hardware.device)
+    backend = resolve_backend(cfg.hardware.backend, device)
+    if cfg.hardware.get("num_threads"):
+        torch.set_num_threads(int(cfg.hardware.num_threads))
+    seed = int(cfg.seed)
+
+    data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
+    if data.approximate:
+        print(f"fedbench: WARNING: {data.approximate}", file=sys.stderr)
+    pparams = {k: v for k, v in pcfg.items() if k != "name"}
+    parts = make_partition(pcfg["name"], np.asarray(data.train_y.cpu()), int(cfg.num_clients), seed,
+                           groups=data.train_groups, num_classes=data.num_classes or None, **pparams)
+    sizes = [int(len(p)) for p in parts]
+    if any(s == 0 for s in sizes) and local.epochs > 0:
+        print(f"fedbench: WARNING: {sizes.count(0)} client(s) received no data", file=sys.stderr)
+    counts = (client_label_counts(parts, np.asarray(data.train_y.cpu()), data.num_classes).tolist()
+              if data.task == "classification" else None)
+
+    torch.manual_seed(seed)  # every client starts from the same seeded initialisation
+    model = build_model(mcfg["name"], input_shape=tuple(data.input_shape), num_classes=data.num_classes,
+                        **{k: v for k, v in mcfg.items() if k != "name"}).to(device)
+    init_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    data = data.to(device)
+    normalize = dcfg.get("normalize", True)
+    mean, std = (data.mean, data.std) if normalize else (None, None)
+    aug = Augment(**dcfg["augment"]) if dcfg.get("augment") else None
+    train = TrainData(data.train_x, data.train_y, mean, std, aug if aug is not None and aug.enabled else None,
+                      data.task)
+    test = TrainData(data.test_x, data.test_y, mean, std, None, data.task)
+    setup = FLSetup(model=model, train=train, test_inputs=test.inputs, test_y=data.test_y,
+                    client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
+                    local=local, seed=seed, device=device, task=data.task, backend=backend,
+                    conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
+                    eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins))
+    algo = build_algorithm(acfg, setup)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    logger = make_logger(config.get("logger") or {"name": "none"}, run_id, config, out)
+
+    # ---- training ----------------------------------------------------------------------------
+    out.mkdir(parents=True, exist_ok=True)
+    started = _dt.datetime.now().isoformat(timespec="seconds")
+    history = []
+
+    def on_round(log):
+        row = {"round": log.round, **log.metrics, "train_loss": log.train_loss, "uplink_bytes": log.uplink_bytes,
+               "downlink_bytes": log.downlink_bytes, "client_train_s": log.client_train_s,
+               "client_post_s": log.client_post_s, "server_s": log.server_s, "eval_s": log.eval_s}
+        history.append(row)
+        logger.log_round(row)
+
+    status, error = "failed", None
+    try:
+        _, logs = run_rounds(setup, algo, init_params, int(cfg.rounds), eval_every=int(cfg.eval.every),
+                             progress=bool(cfg.get("progress", True)), on_round=on_round)
+        status = "ok"
+    except KeyboardInterrupt:
+        error = "interrupted"
+        raise
+    except Exception as e:  # record the failure, then let it surface
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        logger.finish(status)
+        final = history[-1] if history else {}
+        record = {
+            "run_id": run_id,
+            "status": status,
+            "error": error,
+            "algorithm": acfg["name"],
+            "dataset": dcfg["name"],
+            "dataset_approximate": data.approximate,
+            "config": config,
+            "identity": identity_config(cfg),
+            "partition": {"name": pcfg["name"], "client_sizes": sizes, "client_label_counts": counts},
+            "model": {"name": mcfg["name"], "num_parameters": count_parameters(model)},
+            "metrics": {k: final.get(k) for k in ("accuracy", "nll", "ece", "mse") if k in final},
+            "communication": {"uplink_bytes": sum(h["uplink_bytes"] for h in history),
+                              "downlink_bytes": sum(h["downlink_bytes"] for h in history)},
+            "timing": {"total_s": time.perf_counter() - t_start,
+                       "client_train_s": sum(h["client_train_s"] for h in history),
+                       "client_post_s": sum(h["client_post_s"] for h in history),
+                       "server_s": sum(h["server_s"] for h in history),
+                       "eval_s": sum(h["eval_s"] for h in history)},
+            "rounds_completed": len(history),
+            "environment": {"device": str(device), "backend": backend, "torch": torch.__version__,
+                            "python": platform.python_version(), "fedbench": fedbench.__version__,
+                            "git": _git_sha(), "host": platform.node()},
+            "started": started,
+            "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+        }
+        # a failed rerun never overwrites a completed record
+        if status == "ok" or not is_complete(rec_path):
+            write_csv_atomic(out / "history.csv", history, HISTORY_COLUMNS)
+            write_json_atomic(rec_path, record)
+    m = record["metrics"]
+    summary = " ".join(f"{k}={v:.4g}" for k, v in m.items() if v is not None and not math.isnan(v))
+    print(f"fedbench: {acfg['name']} on {dcfg['name']} ({cfg.num_clients} clients, {pcfg['name']}, "
+          f"{len(history)} round(s)): {summary} | {record['timing']['total_s']:.1f}s | {rec_path}")
+    return record
