@@ -1,0 +1,32 @@
+# fedbench: `make install`, `make run`, `make test`, `make bench`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+ARGS   ?=
+
+.PHONY: install run test test-all bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	@touch $@
+
+# The main job: FedAvg on Fashion-MNIST (5 clients, Dirichlet split); extra Hydra overrides via ARGS="...".
+run: install
+	$(PY) run.py $(ARGS)
+
+# CI subset: everything but the long real-data checks (marked slow). pytest's "no tests" (5) is not a failure.
+test: install
+	$(PY) -m pytest -m "not slow" -q $(ARGS) || [ $$? -eq 5 ]
+
+test-all: install
+	$(PY) -m pytest -q $(ARGS) || [ $$? -eq 5 ]
+
+# Speed: serial vs batched local training vs a plain per-client DataLoader loop (prints ratios).
+bench: install
+	$(PY) scripts/bench_engine.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
