@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -18,6 +19,25 @@ def _run_id(*, _root_):
 OmegaConf.register_new_resolver("fedbench_run_id", _run_id, replace=True)
 
 
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+GROUPS = ("dataset", "partition", "model", "algorithm", "hardware", "logger", "experiment")
+
+
+def check_group_overrides(argv) -> None:
+    """Unknown group options end in one line here, instead of Hydra's multi-line composition error."""
+    for arg in argv:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq or key not in GROUPS or value in ("null", "") or "(" in value:
+            continue
+        options = sorted(str(p.relative_to(CONF_DIR / key).with_suffix("")) for p in (CONF_DIR / key).rglob("*.yaml"))
+        for v in value.split(","):
+            v = v.strip().strip("[]")
+            if v and v not in options:
+                hint = ", ".join(options) if len(options) <= 40 else f"{len(options)} presets under conf/{key}/"
+                print(f"fedbench: error: unknown {key} '{v}'; choose one of: {hint}", file=sys.stderr)
+                sys.exit(2)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from fedbench.runner import execute
@@ -32,4 +52,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    check_group_overrides(sys.argv[1:])
     main()

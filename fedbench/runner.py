@@ -33,6 +33,8 @@ def resolve_device(spec: str) -> torch.device:
         raise FedbenchError(f"hardware.device '{spec}' is not a device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise FedbenchError(f"hardware.device={spec} but no CUDA device is available; use hardware=cpu or hardware=auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise FedbenchError(f"hardware.device={spec} but only {torch.cuda.device_count()} CUDA device(s) exist")
     return dev
 
 

@@ -1,0 +1,74 @@
+"""End-to-end: run.py through Hydra on small synthetic data; records, skipping, bad input."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.train_size=600",
+         "dataset.kwargs.test_size=200", "model=lenet", "num_clients=3", "rounds=2", "local.epochs=1",
+         "hardware=cpu", "progress=false"]
+
+
+def run(args, tmp_path, expect=0):
+    env = {**os.environ, "FEDBENCH_OUTPUTS": str(tmp_path / "out"), "FEDBENCH_DATA": str(tmp_path / "data"),
+           "HYDRA_FULL_ERROR": "0"}
+    p = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == expect, p.stdout + p.stderr
+    return p
+
+
+def records(tmp_path):
+    return sorted((tmp_path / "out" / "runs").glob("*/metrics.json"))
+
+
+def test_end_to_end_record_history_and_skip(tmp_path):
+    p = run(SMALL, tmp_path)
+    assert "fedbench: fedavg on synthetic" in p.stdout and "accuracy=" in p.stdout
+    (rec_path,) = records(tmp_path)
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "ok" and rec_path.parent.name == rec["run_id"]
+    for key in ("accuracy", "nll", "ece"):
+        assert isinstance(rec["metrics"][key], float)
+    for key in ("total_s", "client_train_s", "server_s"):
+        assert rec["timing"][key] >= 0
+    assert sum(rec["partition"]["client_sizes"]) == 600 and len(rec["partition"]["client_sizes"]) == 3
+    assert [sum(c) for c in rec["partition"]["client_label_counts"]] == rec["partition"]["client_sizes"]
+    assert rec["communication"]["uplink_bytes"] == 2 * 3 * 4 * rec["model"]["num_parameters"]
+    rows = list(csv.DictReader(open(rec_path.parent / "history.csv")))
+    assert [r["round"] for r in rows] == ["1", "2"]
+    assert float(rows[-1]["accuracy"]) == pytest.approx(rec["metrics"]["accuracy"])
+    # same config again (other hardware/logger keys do not change the id): skipped
+    p2 = run(SMALL + ["logger=csv"], tmp_path)
+    assert "skipped" in p2.stdout and len(records(tmp_path)) == 1
+    # force reruns; the record is rewritten
+    run(SMALL + ["force=true"], tmp_path)
+    assert len(records(tmp_path)) == 1
+
+
+def test_zero_epochs_evaluates_initial_model(tmp_path):
+    run(SMALL + ["local.epochs=0", "rounds=1"], tmp_path)
+    (rec_path,) = records(tmp_path)
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "ok" and 0 <= rec["metrics"]["accuracy"] <= 100
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["dataset=imagenet22k"], "unknown dataset 'imagenet22k'"),
+    (["algorithm=fedmagic"], "unknown algorithm 'fedmagic'"),
+    (["partition.beta=0"], "beta"),
+    (["partition=noniid-label_k", "partition.k=11"], "k"),
+    (["num_clients=100000"], "clients"),
+    (["local.lr=-1"], "local.lr"),
+    (["hardware.device=cuda:7"], "device"),
+])
+def test_bad_input_one_line_no_record(tmp_path, args, needle):
+    p = run(SMALL + args, tmp_path, expect=2)
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and needle in lines[0], p.stderr
+    assert records(tmp_path) == []
