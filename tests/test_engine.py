@@ -156,3 +156,22 @@ def test_unstackable_layer_rejected():
 
     with pytest.raises(FedbenchError, match="serial"):
         StackedModel(WithBN())
+
+
+def test_real_augment_pixels_and_backends_agree():
+    """Augmentation acts on [0,1] pixels before normalisation (zero padding = black pixels)."""
+    from fedbench.data.transforms import Augment
+
+    aug = Augment(crop_padding=2, pad_mode="zero", flip=True, per="sample")
+    torch.manual_seed(3)
+    model = TinyCNN()
+    data = _data(augment=aug)
+    cfg = LocalTrainConfig(lr=0.05, momentum=0.9, batch_size=8, epochs=2)
+    ser = train_clients(model, data, _clients(), _start(model), cfg, backend="serial")
+    bat = train_clients(model, data, _clients(), _start(model), cfg, backend="batched", conv_strategy="loop")
+    for ps, pb in zip(ser.params, bat.params):
+        for n in ps:
+            torch.testing.assert_close(pb[n], ps[n], rtol=1e-4, atol=1e-5)
+    g = torch.Generator().manual_seed(0)
+    x = aug(torch.ones(64, 1, 8, 8), g)
+    assert x.min() == 0.0  # padding pixels are black before Normalize, like torchvision's RandomCrop

@@ -43,13 +43,20 @@ class TrainData:
         self._mean = None if self.mean is None else torch.tensor(self.mean, device=dev, dtype=dt)
         self._std = None if self.std is None else torch.tensor(self.std, device=dev, dtype=dt)
 
-    def inputs(self, idx: Tensor) -> Tensor:
+    def raw(self, idx: Tensor) -> Tensor:
+        """Float batch before normalisation (uint8 -> [0, 1]): augmentation acts here, as torchvision
+        transforms do before Normalize, so padding values are pixel values."""
         x = self.x[idx]
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        if self._mean is not None:
-            shape = (1, -1) + (1,) * (x.dim() - 2)
-            x = (x - self._mean.view(shape)) / self._std.view(shape)
-        return x
+        return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+
+    def normalize(self, x: Tensor) -> Tensor:
+        if self._mean is None:
+            return x
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return (x - self._mean.view(shape)) / self._std.view(shape)
+
+    def inputs(self, idx: Tensor) -> Tensor:
+        return self.normalize(self.raw(idx))
 
     def targets(self, idx: Tensor) -> Tensor:
         return self.y[idx]
@@ -161,7 +168,7 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
             last_epoch_loss = []
             for b in epoch_batches(len(idx_all), local.batch_size, gen, local.drop_last):
                 idx = idx_all[b.to(idx_all.device)]
-                x = _augment(data, data.inputs(idx), gen)
+                x = data.normalize(_augment(data, data.raw(idx), gen))
                 loss = data_loss(worker(x), data.targets(idx), data.task).mean()
                 last_epoch_loss.append(loss.detach())
                 for term in objective.terms:
@@ -218,13 +225,14 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
                 b = batches[i][s].to(dev)
                 idx[j, : len(b)] = client_indices[i][b]
                 weight[j, : len(b)] = 1.0
-            x = data.inputs(idx.reshape(-1))
+            x = data.raw(idx.reshape(-1))
             if data.augment is not None:
                 x = x.reshape(ka, bsz, *x.shape[1:])
                 for j, i in enumerate(active):
                     nb = len(batches[i][s])
                     x[j, :nb] = _augment(data, x[j, :nb], gens[i])
                 x = x.reshape(ka * bsz, *x.shape[2:])
+            x = data.normalize(x)
             y = data.targets(idx.reshape(-1))
             cur = {n: (p if rows is None else p[rows]).requires_grad_(True) for n, p in params.items()} \
                 if rows is not None else {n: p.detach().requires_grad_(True) for n, p in params.items()}
