@@ -28,7 +28,9 @@ class ProximalTerm:
 
     def __call__(self, params: Params, ctx: dict) -> Tensor:
         anchor = ctx["anchor"]
-        return 0.5 * self.mu * sum(((p - anchor[n]) ** 2).sum() for n, p in params.items())
+        # optional per-client multiplier, e.g. 1/N_k for FedProx on the sum-loss scale
+        w = ctx.get("prox_weight", 1.0)
+        return 0.5 * self.mu * w * sum(((p - anchor[n]) ** 2).sum() for n, p in params.items())
 
 
 @dataclass

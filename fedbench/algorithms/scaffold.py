@@ -1,0 +1,55 @@
+"""SCAFFOLD (Karimireddy et al. 2020), option II control variates.
+
+Client k trains with the gradient corrected by (c - c_k) (a linear loss term), then sets
+c_k+ = c_k - c + (theta_g - theta_k) / (tau_k * lr) and uploads the model and the control-variate
+change (twice the model's bytes). Server: p-weighted model average (NIID-Bench, no server lr;
+fedlpa.md §2) and c += mean_k (c_k+ - c_k) (full participation). In round 1 all control variates
+are zero, so one-shot SCAFFOLD trains exactly like FedAvg (fedlpa.md §0).
+"""
+from __future__ import annotations
+
+import torch
+
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.train.engine import LocalObjective
+from fedbench.train.terms import LinearTerm
+
+
+@ALGORITHMS.register("scaffold")
+class Scaffold(Algorithm):
+    name = "scaffold"
+
+    def init_state(self, params):
+        zeros = {n: torch.zeros_like(t) for n, t in params.items()}
+        k = self.setup.num_clients
+        return {"params": params, "c": zeros, "c_clients": [dict(zeros) for _ in range(k)]}
+
+    def downlink(self, state):
+        return {"params": state["params"], "c": state["c"]}
+
+    def local_objective(self, state, client_ids, round_idx):
+        c = state["c"]
+        ctx = [{"linear": {n: c[n] - state["c_clients"][k][n] for n in c}} for k in client_ids]
+        return LocalObjective(terms=[LinearTerm(1.0)], client_ctx=ctx)
+
+    def client_message(self, client_id, params, result, pos, state, round_idx):
+        tau = result.steps[pos]
+        lr = self.setup.local.lr
+        c, ck = state["c"], state["c_clients"][client_id]
+        if tau > 0:
+            ck_new = {n: ck[n] - c[n] + (state["params"][n] - params[n]) / (tau * lr) for n in c}
+        else:
+            ck_new = dict(ck)
+        delta_c = {n: ck_new[n] - ck[n] for n in c}
+        n = len(self.setup.client_indices[client_id])
+        return Message(client_id, n, {"params": params, "delta_c": delta_c},
+                       {"steps": tau, "train_loss": result.mean_loss[pos], "c_new": ck_new})
+
+    def aggregate(self, messages, state, round_idx):
+        params = weighted_average([m.payload["params"] for m in messages], [m.num_samples for m in messages])
+        c_clients = list(state["c_clients"])
+        for m in messages:
+            c_clients[m.client_id] = m.info["c_new"]
+        k = len(messages)
+        c = {n: state["c"][n] + sum(m.payload["delta_c"][n] for m in messages) / k for n in state["c"]}
+        return {"params": params, "c": c, "c_clients": c_clients}

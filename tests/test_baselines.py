@@ -1,0 +1,95 @@
+"""FedProx / FedNova / SCAFFOLD / FedDyn against FedAvg and their closed forms."""
+import pytest
+import torch
+import torch.nn as nn
+
+from fedbench.algorithms import build_algorithm
+from fedbench.algorithms.fednova import effective_steps
+from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.train.config import LocalTrainConfig
+from fedbench.train.engine import TrainData
+
+
+def _setup(momentum=0.0, sizes=(30, 45, 25), backend="serial"):
+    g = torch.Generator().manual_seed(0)
+    n = sum(sizes)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    train = TrainData(x, y)
+    idx, s = [], 0
+    for k in sizes:
+        idx.append(torch.arange(s, s + k))
+        s += k
+    local = LocalTrainConfig(lr=0.1, momentum=momentum, batch_size=10, epochs=2)
+    return FLSetup(model=model, train=train, test_inputs=train.inputs, test_y=y, client_indices=idx, local=local,
+                   seed=0, device=torch.device("cpu"), backend=backend)
+
+
+def _run(setup, cfg, rounds=1):
+    torch.manual_seed(0)
+    init = {n: p.detach().clone() for n, p in setup.model.named_parameters()}
+    state, logs = run_rounds(setup, build_algorithm(cfg, setup), init, rounds, progress=False)
+    return state, logs, init
+
+
+def _close(a, b, **kw):
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], **kw)
+
+
+def test_fedavg_is_weighted_average_of_clients():
+    setup = _setup()
+    state, logs, init = _run(setup, {"name": "fedavg"})
+    from fedbench.train.engine import train_clients
+
+    res = train_clients(setup.model, setup.train, setup.client_indices, init, setup.local, seed=0, round_idx=1)
+    w = torch.tensor([30.0, 45, 25]) / 100
+    want = {n: sum(wk * p[n] for wk, p in zip(w, res.params)) for n in init}
+    _close(state["params"], want, rtol=1e-6, atol=1e-6)
+    assert logs[0].uplink_bytes == 3 * sum(t.numel() * 4 for t in init.values())
+
+
+@pytest.mark.parametrize("backend", ["serial", "batched"])
+def test_one_round_scaffold_and_prox0_equal_fedavg(backend):
+    base, _, _ = _run(_setup(momentum=0.9, backend=backend), {"name": "fedavg"})
+    sc, logs, init = _run(_setup(momentum=0.9, backend=backend), {"name": "scaffold"})
+    _close(sc["params"], base["params"])
+    assert logs[0].uplink_bytes == 2 * 3 * sum(t.numel() * 4 for t in init.values())  # model + control variate
+    px, _, _ = _run(_setup(momentum=0.9, backend=backend), {"name": "fedprox", "mu": 0.0})
+    _close(px["params"], base["params"])
+    px1, _, _ = _run(_setup(momentum=0.9, backend=backend), {"name": "fedprox", "mu": 1.0})
+    assert max((px1["params"][n] - base["params"][n]).abs().max() for n in base["params"]) > 1e-4
+
+
+def test_scaffold_control_variates_change_round_two():
+    sc, _, _ = _run(_setup(), {"name": "scaffold"}, rounds=2)
+    av, _, _ = _run(_setup(), {"name": "fedavg"}, rounds=2)
+    assert any(sc["c"][n].abs().max() > 0 for n in sc["c"])
+    assert max((sc["params"][n] - av["params"][n]).abs().max() for n in av["params"]) > 1e-5
+
+
+def test_fednova_formula_and_equal_steps_reduce_to_fedavg():
+    assert effective_steps(5, 0.0) == 5
+    rho, tau = 0.9, 7
+    assert effective_steps(tau, rho) == pytest.approx(sum((1 - rho ** (i + 1)) / (1 - rho) for i in range(tau)))
+    # equal client sizes -> equal steps -> FedNova == FedAvg
+    nova, _, _ = _run(_setup(sizes=(30, 30, 30)), {"name": "fednova", "rho": 0.0})
+    avg, _, _ = _run(_setup(sizes=(30, 30, 30)), {"name": "fedavg"})
+    _close(nova["params"], avg["params"], rtol=1e-5, atol=1e-6)
+    # unequal steps: differs from FedAvg
+    nova2, _, _ = _run(_setup(), {"name": "fednova", "rho": 0.0})
+    avg2, _, _ = _run(_setup(), {"name": "fedavg"})
+    assert max((nova2["params"][n] - avg2["params"][n]).abs().max() for n in avg2["params"]) > 1e-5
+
+
+def test_feddyn_server_rule_and_vanishing_alpha():
+    setup = _setup()
+    st, _, init = _run(setup, {"name": "feddyn", "alpha": 1e-12})
+    avg, _, _ = _run(_setup(), {"name": "fedavg", "weighting": "uniform"})
+    _close(st["avg"], avg["params"], rtol=1e-5, atol=1e-6)  # correction ~0 -> trains like FedAvg
+    # theta_g = mean theta_k + mean h_k with h_k = theta_k - theta_0 after round 1
+    want = {n: 2 * st["avg"][n] - init[n] for n in init}
+    _close(st["params"], want, rtol=1e-5, atol=1e-6)
+    for k in range(3):
+        assert set(st["h"][k]) == set(init)
