@@ -217,6 +217,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
             write_json_atomic(rec_path, record)
     m = record["metrics"]
     summary = " ".join(f"{k}={v:.4g}" for k, v in m.items() if v is not None and not math.isnan(v))
-    print(f"fedbench: {acfg['name']} on {dcfg['name']} ({cfg.num_clients} clients, {pcfg['name']}, "
+    approx = " [APPROXIMATE DATA: see dataset_approximate]" if data.approximate else ""
+    print(f"fedbench: {acfg['name']} on {dcfg['name']}{approx} ({cfg.num_clients} clients, {pcfg['name']}, "
           f"{len(history)} round(s)): {summary} | {record['timing']['total_s']:.1f}s | {rec_path}")
     return record
