@@ -40,15 +40,15 @@ def check_group_overrides(argv) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from fedbench.runner import execute
+    from fedbench.runner import execute_all
 
     hc = HydraConfig.get()
     try:
-        rec = execute(cfg, hc.runtime.output_dir, launch_dir=hc.runtime.cwd)
+        recs = execute_all(cfg, hc.runtime.output_dir, CONF_DIR, launch_dir=hc.runtime.cwd)
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         sys.exit(2)
-    return (rec.get("metrics") or {}).get("accuracy")
+    return (recs[-1].get("metrics") or {}).get("accuracy")
 
 
 if __name__ == "__main__":

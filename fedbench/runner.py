@@ -20,8 +20,10 @@ from fedbench.errors import FedbenchError
 from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record,
                                       write_csv_atomic, write_json_atomic)
 
-HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "train_loss", "uplink_bytes", "downlink_bytes",
-                   "client_train_s", "client_post_s", "server_s", "eval_s")
+HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "local_accuracy", "train_loss", "cached_clients",
+                   "uplink_bytes", "downlink_bytes", "client_train_s", "client_post_s", "server_s", "eval_s")
+_NON_METRICS = {"round", "train_loss", "cached_clients", "uplink_bytes", "downlink_bytes", "client_train_s",
+                "client_post_s", "server_s", "eval_s"}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -99,6 +101,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     from fedbench.algorithms import build_algorithm
     from fedbench.data import load_dataset
     from fedbench.data.transforms import Augment
+    from fedbench.fl.cache import ClientStageCache
     from fedbench.fl.loop import FLSetup, run_rounds
     from fedbench.models import build_model, count_parameters
     from fedbench.partition import client_label_counts, make_partition
@@ -150,11 +153,17 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     train = TrainData(data.train_x, data.train_y, mean, std, aug if aug is not None and aug.enabled else None,
                       data.task)
     test = TrainData(data.test_x, data.test_y, mean, std, None, data.task)
+    cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
+    stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
+                   "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
     setup = FLSetup(model=model, train=train, test_inputs=test.inputs, test_y=data.test_y,
                     client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
                     local=local, seed=seed, device=device, task=data.task, backend=backend,
                     conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
-                    eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins))
+                    eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
+                    local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
+                    cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None),
+                    stage_parts=stage_parts)
     algo = build_algorithm(acfg, setup)
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = make_logger(config.get("logger") or {"name": "none"}, run_id, config, out)
@@ -165,7 +174,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     history = []
 
     def on_round(log):
-        row = {"round": log.round, **log.metrics, "train_loss": log.train_loss, "uplink_bytes": log.uplink_bytes,
+        row = {"round": log.round, **log.metrics, "train_loss": log.train_loss, "cached_clients": log.cached_clients,
+               "uplink_bytes": log.uplink_bytes,
                "downlink_bytes": log.downlink_bytes, "client_train_s": log.client_train_s,
                "client_post_s": log.client_post_s, "server_s": log.server_s, "eval_s": log.eval_s}
         history.append(row)
@@ -196,7 +206,9 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
             "identity": identity_config(cfg),
             "partition": {"name": pcfg["name"], "client_sizes": sizes, "client_label_counts": counts},
             "model": {"name": mcfg["name"], "num_parameters": count_parameters(model)},
-            "metrics": {k: final.get(k) for k in ("accuracy", "nll", "ece", "mse") if k in final},
+            "metrics": {k: v for k, v in final.items() if k not in _NON_METRICS},
+            "cache": {"dir": setup.cache.root and str(setup.cache.root), "hits": setup.cache.hits,
+                      "misses": setup.cache.misses},
             "communication": {"uplink_bytes": sum(h["uplink_bytes"] for h in history),
                               "downlink_bytes": sum(h["downlink_bytes"] for h in history)},
             "timing": {"total_s": time.perf_counter() - t_start,
@@ -213,7 +225,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
         }
         # a failed rerun never overwrites a completed record
         if status == "ok" or not is_complete(rec_path):
-            write_csv_atomic(out / "history.csv", history, HISTORY_COLUMNS)
+            extra = [k for h in history for k in h if k not in HISTORY_COLUMNS]
+            write_csv_atomic(out / "history.csv", history, list(HISTORY_COLUMNS) + list(dict.fromkeys(extra)))
             write_json_atomic(rec_path, record)
     m = record["metrics"]
     summary = " ".join(f"{k}={v:.4g}" for k, v in m.items() if v is not None and not math.isnan(v))
@@ -221,3 +234,40 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     print(f"fedbench: {acfg['name']} on {dcfg['name']}{approx} ({cfg.num_clients} clients, {pcfg['name']}, "
           f"{len(history)} round(s)): {summary} | {record['timing']['total_s']:.1f}s | {rec_path}")
     return record
+
+
+def expand_aggregators(cfg: DictConfig, conf_dir: Path) -> list:
+    """``aggregators: [fedavg, fednova, {name: fedprox, mu: 0.1}, ...]`` -> one full config per aggregator.
+
+    Each gets the algorithm group's YAML (updated by the dict's keys), so its run_id equals that of
+    a plain ``algorithm=<name>`` run and the records are interchangeable; all share the cached clients.
+    """
+    out = []
+    for entry in cfg.aggregators:
+        entry = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+        name = entry if isinstance(entry, str) else entry.get("name") if isinstance(entry, dict) else None
+        path = conf_dir / "algorithm" / f"{name}.yaml"
+        if not name or not path.exists():
+            options = sorted(p.stem for p in (conf_dir / "algorithm").glob("*.yaml"))
+            raise FedbenchError(f"aggregators: unknown algorithm {entry!r}; choose from: {', '.join(options)}")
+        algo = OmegaConf.load(path)
+        if isinstance(entry, dict):
+            algo = OmegaConf.merge(algo, entry)
+        sub = OmegaConf.merge(cfg, {"aggregators": None})
+        sub.algorithm = algo
+        out.append(sub)
+    return out
+
+
+def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, launch_dir: Optional[str] = None):
+    """Run ``cfg``, or, when ``aggregators`` is a list, every aggregator on the same (cached) clients."""
+    if not cfg.get("aggregators"):
+        return [execute(cfg, output_dir, launch_dir=launch_dir)]
+    subs = expand_aggregators(cfg, conf_dir)
+    for sub in subs:   # reject every bad entry before training any of them
+        validate(sub)
+    root = Path(_abs(cfg.paths.output_root, launch_dir)) / "runs"
+    records = [execute(sub, root / compute_run_id(sub), launch_dir=launch_dir) for sub in subs]
+    write_json_atomic(Path(output_dir) / "aggregators.json",
+                      {"records": [str(root / r["run_id"] / "metrics.json") for r in records]})
+    return records

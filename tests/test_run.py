@@ -72,3 +72,19 @@ def test_bad_input_one_line_no_record(tmp_path, args, needle):
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and needle in lines[0], p.stderr
     assert records(tmp_path) == []
+
+
+def test_aggregator_list_reuses_clients_one_record_each(tmp_path):
+    run(SMALL + ["rounds=1", "aggregators=[fedavg,fednova,scaffold]"], tmp_path)
+    recs = [json.loads(p.read_text()) for p in records(tmp_path)]
+    assert sorted(r["algorithm"] for r in recs) == ["fedavg", "fednova", "scaffold"]
+    by = {r["algorithm"]: r for r in recs}
+    assert by["fedavg"]["cache"]["misses"] >= 1
+    assert by["fednova"]["cache"]["hits"] >= 1 and by["scaffold"]["cache"]["hits"] >= 1
+    # one-shot SCAFFOLD == FedAvg (zero control variates), reported from the same clients
+    assert by["scaffold"]["metrics"]["accuracy"] == by["fedavg"]["metrics"]["accuracy"]
+    # the record of a list entry is the record of the plain run: a plain run is skipped
+    p = run(SMALL + ["rounds=1", "algorithm=fednova"], tmp_path)
+    assert "skipped" in p.stdout
+    p = run(SMALL + ["rounds=1", "aggregators=[fedavg,nosuchalg]"], tmp_path, expect=2)
+    assert "unknown algorithm" in p.stderr

@@ -8,7 +8,7 @@ override only the hooks they need.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Mapping, Sequence
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -69,6 +69,15 @@ class Algorithm:
         return {"params": state["params"]}
 
     # --- client side -------------------------------------------------------------------
+    def client_stage_key(self, round_idx: int) -> Optional[Dict[str, Any]]:
+        """What, beyond data/split/model/local training/seed, determines this round's trained clients.
+
+        None = not cacheable (the default). Methods whose round-1 local training is plain training
+        return {} so that all of them share one cached client stage; methods that change local
+        training return the settings that do (e.g. FedProx's mu).
+        """
+        return None
+
     def start_params(self, state: Dict[str, Any], client_ids: Sequence[int]) -> Params | List[Params]:
         return state["params"]
 

@@ -16,6 +16,9 @@ class FedAvg(Algorithm):
         if self.weighting not in self.WEIGHTINGS:
             raise FedbenchError(f"algorithm.weighting must be one of {self.WEIGHTINGS}, got '{self.weighting}'")
 
+    def client_stage_key(self, round_idx):
+        return {} if round_idx == 1 else None   # plain local training from the shared initialisation
+
     def aggregate(self, messages, state, round_idx):
         weights = [m.num_samples if self.weighting == "num_samples" else 1.0 for m in messages]
         return {**state, "params": weighted_average([m.payload["params"] for m in messages], weights)}

@@ -21,6 +21,9 @@ def effective_steps(tau: int, rho: float) -> float:
 class FedNova(Algorithm):
     name = "fednova"
 
+    def client_stage_key(self, round_idx):
+        return {} if round_idx == 1 else None
+
     def aggregate(self, messages, state, round_idx):
         rho = float(self.cfg.get("rho", self.setup.local.momentum))
         theta0 = state["params"]

@@ -28,6 +28,11 @@ class FedProx(FedAvg):
         if self.scale not in ("mean", "sum"):
             raise FedbenchError(f"algorithm.scale must be mean or sum, got '{self.scale}'")
 
+    def client_stage_key(self, round_idx):
+        if round_idx != 1:
+            return None
+        return {} if self.mu == 0 else {"proximal_mu": self.mu, "proximal_scale": self.scale}
+
     def local_objective(self, state, client_ids, round_idx):
         client_ctx = None
         if self.scale == "sum":

@@ -24,6 +24,9 @@ class Scaffold(Algorithm):
         k = self.setup.num_clients
         return {"params": params, "c": zeros, "c_clients": [dict(zeros) for _ in range(k)]}
 
+    def client_stage_key(self, round_idx):
+        return {} if round_idx == 1 else None   # control variates are zero in round 1: plain training
+
     def downlink(self, state):
         return {"params": state["params"], "c": state["c"]}
 

@@ -12,7 +12,8 @@ from torch import Tensor
 from fedbench.algorithms.base import Algorithm, tensor_bytes
 from fedbench.eval.metrics import evaluate
 from fedbench.train.config import LocalTrainConfig
-from fedbench.train.engine import TrainData, train_clients
+from fedbench.fl.cache import ClientStageCache
+from fedbench.train.engine import TrainData, TrainResult, train_clients
 
 
 @dataclass
@@ -32,11 +33,27 @@ class FLSetup:
     conv_strategy: Any = "auto"
     eval_batch_size: int = 2048
     ece_bins: int = 15
+    local_accuracy: bool = False          # also evaluate each client model before aggregation (FOLA's LA)
+    cache: Optional[ClientStageCache] = None
+    stage_parts: Optional[Dict[str, Any]] = None   # what determines the client stage (data, split, model, local, seed)
     extras: Dict[str, Any] = field(default_factory=dict)
+    current_stage: Optional[Dict[str, Any]] = None  # key parts of this round's client stage if it is cacheable
 
     @property
     def num_clients(self) -> int:
         return len(self.client_indices)
+
+    def cached(self, name: str, client_id: int, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]]):
+        """Per-client work after local training (curvature, ...) cached with the client stage it came from."""
+        if self.cache is None or not self.cache.enabled or self.current_stage is None:
+            return compute()
+        full = {**self.current_stage, "product": name, "client": int(client_id), "params": parts}
+        return self.cache.get_or_compute(full, compute, self.device)
+
+    def client_data(self, client_id: int):
+        """(inputs, targets) of one client's training data, normalised, on the device (no augmentation)."""
+        idx = self.client_indices[client_id]
+        return self.train.inputs(idx), self.train.y[idx]
 
 
 @dataclass
@@ -50,6 +67,7 @@ class RoundLog:
     uplink_bytes: int
     downlink_bytes: int
     train_loss: float
+    cached_clients: bool = False
 
 
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
@@ -68,10 +86,27 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
             bar.set_postfix_str(f"round {r}/{rounds}")
             down = tensor_bytes(algo.downlink(state)) * setup.num_clients
             t0 = time.perf_counter()
-            result = train_clients(setup.model, setup.train, setup.client_indices, algo.start_params(state, ids),
-                                   setup.local, objective=algo.local_objective(state, ids, r), seed=setup.seed,
-                                   round_idx=r, client_ids=ids, backend=setup.backend,
-                                   conv_strategy=setup.conv_strategy, progress=bar)
+
+            def train():
+                return train_clients(setup.model, setup.train, setup.client_indices, algo.start_params(state, ids),
+                                     setup.local, objective=algo.local_objective(state, ids, r), seed=setup.seed,
+                                     round_idx=r, client_ids=ids, backend=setup.backend,
+                                     conv_strategy=setup.conv_strategy, progress=bar)
+
+            stage_key = algo.client_stage_key(r)
+            cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
+                         and stage_key is not None)
+            setup.current_stage = ({**setup.stage_parts, "round": r, "local_objective": stage_key}
+                                   if cacheable else None)
+            cached = False
+            if cacheable:
+                hits = setup.cache.hits
+                payload = setup.cache.get_or_compute({**setup.current_stage, "product": "local_training"},
+                                                     lambda: _result_payload(train()), setup.device)
+                result = TrainResult(payload["params"], payload["steps"], payload["mean_loss"], payload["seconds"])
+                cached = setup.cache.hits > hits
+            else:
+                result = train()
             t1 = time.perf_counter()
             messages = [algo.client_message(cid, result.params[i], result, i, state, r) for i, cid in enumerate(ids)]
             t2 = time.perf_counter()
@@ -79,18 +114,31 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
             t3 = time.perf_counter()
             metrics: Dict[str, float] = {}
             if r % eval_every == 0 or r == rounds:
-                metrics = evaluate(setup.model, algo.predict_params(state), setup.test_inputs, setup.test_y,
-                                   task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
+                ev = dict(task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
+                metrics = evaluate(setup.model, algo.predict_params(state), setup.test_inputs, setup.test_y, **ev)
+                # secondary solutions a method wants reported beside its answer (e.g. FedLPA's EA solution)
+                for name, params in (state.get("extra_eval") or {}).items():
+                    for k, v in evaluate(setup.model, params, setup.test_inputs, setup.test_y, **ev).items():
+                        metrics[f"{name}_{k}"] = v
+                if setup.local_accuracy and setup.task == "classification":
+                    accs = [evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
+                            for p in result.params]
+                    sizes = [len(ix) for ix in setup.client_indices]
+                    metrics["local_accuracy"] = sum(a * n for a, n in zip(accs, sizes)) / max(sum(sizes), 1)
             t4 = time.perf_counter()
             losses = [m.info.get("train_loss", float("nan")) for m in messages]
             sizes = [m.num_samples for m in messages]
             train_loss = sum(l * n for l, n in zip(losses, sizes)) / max(sum(sizes), 1)
             log = RoundLog(r, metrics, client_train_s=t1 - t0, client_post_s=t2 - t1, server_s=t3 - t2, eval_s=t4 - t3,
                            uplink_bytes=sum(m.nbytes for m in messages), downlink_bytes=down,
-                           train_loss=train_loss)
+                           train_loss=train_loss, cached_clients=cached)
             logs.append(log)
             if on_round is not None:
                 on_round(log)
     finally:
         bar.close()
     return state, logs
+
+
+def _result_payload(res: TrainResult) -> Dict[str, Any]:
+    return {"params": res.params, "steps": list(res.steps), "mean_loss": list(res.mean_loss), "seconds": res.seconds}

@@ -1,0 +1,100 @@
+"""Client-stage cache: trained local models (and their curvature) stored under a hash of
+everything that determines them, so every one-shot aggregator, lambda or solver variant and
+every rerun reuses the same clients (DESIGN.md "client-stage cache").
+
+Entries are single files written atomically (temp file + rename), so concurrent jobs sharing
+the cache never see torn files; an entry that fails to load or whose recorded key parts do not
+match is reported, deleted and recomputed, never used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+CACHE_VERSION = 1   # bump when what a cached stage means changes
+
+
+def cache_key(parts: Dict[str, Any]) -> str:
+    blob = json.dumps({"v": CACHE_VERSION, **parts}, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()
+
+
+class ClientStageCache:
+    def __init__(self, root: Optional[str | os.PathLike]):
+        self.root = Path(root) if root else None
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.pt"
+
+    def load(self, parts: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        if not self.enabled:
+            return None
+        key = cache_key(parts)
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            entry = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(entry, dict) or entry.get("key") != key or \
+                    json.loads(entry.get("parts", "null")) != json.loads(json.dumps(parts, default=str)):
+                raise ValueError("key mismatch")
+            self.hits += 1
+            return entry["payload"]
+        except Exception as e:  # corrupt / torn / foreign file: recompute, never use
+            print(f"fedbench: WARNING: cache entry {path} is unusable ({type(e).__name__}); recomputing",
+                  file=sys.stderr)
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+
+    def save(self, parts: Dict[str, Any], payload: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        key = cache_key(parts)
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"key": key, "parts": json.dumps(parts, sort_keys=True, default=str), "payload": payload}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(entry, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def get_or_compute(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]],
+                       device: Optional[torch.device] = None) -> Dict[str, Any]:
+        hit = self.load(parts)
+        if hit is not None:
+            return _to(hit, device) if device is not None else hit
+        self.misses += 1
+        payload = compute()
+        self.save(parts, _to(payload, torch.device("cpu")))
+        return payload
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj

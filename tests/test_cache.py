@@ -1,0 +1,72 @@
+"""Client-stage cache: reuse across aggregators, atomic entries, corrupt entries recomputed."""
+import torch
+
+from fedbench.algorithms import build_algorithm
+from fedbench.fl.cache import ClientStageCache, cache_key
+from fedbench.fl.loop import run_rounds
+from tests.test_baselines import _setup
+
+
+def _run(setup, cfg):
+    torch.manual_seed(0)
+    init = {n: p.detach().clone() for n, p in setup.model.named_parameters()}
+    return run_rounds(setup, build_algorithm(cfg, setup), init, 1, progress=False)
+
+
+def _cached_setup(tmp_path):
+    s = _setup()
+    s.cache = ClientStageCache(tmp_path / "cache")
+    s.stage_parts = {"test": "toy", "seed": 0}
+    return s
+
+
+def test_aggregators_share_one_trained_stage(tmp_path):
+    s = _cached_setup(tmp_path)
+    st_avg, logs = _run(s, {"name": "fedavg"})
+    assert not logs[0].cached_clients and s.cache.misses == 1
+    st_nova, logs = _run(s, {"name": "fednova"})
+    assert logs[0].cached_clients and s.cache.hits == 1
+    _, logs = _run(s, {"name": "scaffold"})
+    assert logs[0].cached_clients
+    # FedProx with mu > 0 trains differently: its own entry
+    _, logs = _run(s, {"name": "fedprox", "mu": 0.5})
+    assert not logs[0].cached_clients
+    # the cached stage gives exactly the weights a fresh training gives
+    other = _setup()
+    other.model.load_state_dict(s.model.state_dict())  # same initialisation (the runner seeds it)
+    fresh, _ = _run(other, {"name": "fedavg"})
+    again, _ = _run(s, {"name": "fedavg"})
+    for n in fresh["params"]:
+        torch.testing.assert_close(again["params"][n], fresh["params"][n], rtol=0, atol=0)
+
+
+def test_corrupt_or_mismatched_entry_is_recomputed(tmp_path, capsys):
+    cache = ClientStageCache(tmp_path)
+    parts = {"a": 1}
+    calls = []
+    compute = lambda: calls.append(1) or {"x": torch.ones(3)}  # noqa: E731
+    cache.get_or_compute(parts, compute)
+    path = cache.path(cache_key(parts))
+    path.write_bytes(path.read_bytes()[:20])  # torn file
+    out = cache.get_or_compute(parts, compute)
+    assert len(calls) == 2 and torch.equal(out["x"], torch.ones(3))
+    assert "unusable" in capsys.readouterr().err
+    # an entry written under another key is never used for this one
+    torch.save({"key": cache_key(parts), "parts": '{"a": 2}', "payload": {"x": torch.zeros(3)}}, path)
+    assert torch.equal(cache.get_or_compute(parts, compute)["x"], torch.ones(3)) and len(calls) == 3
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp files left behind
+
+
+def test_per_client_products_cached_with_their_stage(tmp_path):
+    s = _cached_setup(tmp_path)
+    s.current_stage = {"stage": 1}
+    calls = []
+    f = lambda: calls.append(1) or {"diag": torch.arange(3.0)}  # noqa: E731
+    a = s.cached("curvature", 0, {"lam": 1e-3}, f)
+    b = s.cached("curvature", 0, {"lam": 1e-3}, f)
+    s.cached("curvature", 1, {"lam": 1e-3}, f)
+    s.cached("curvature", 0, {"lam": 1e-2}, f)
+    assert len(calls) == 3 and torch.equal(a["diag"], b["diag"])
+    s.current_stage = None   # not cacheable (e.g. a later round): always computed
+    s.cached("curvature", 0, {"lam": 1e-3}, f)
+    assert len(calls) == 4
