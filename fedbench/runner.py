@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import fedbench
 from fedbench.errors import FedbenchError
+from fedbench.results.summaries import summarize
 from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record,
                                       write_csv_atomic, write_json_atomic)
 
@@ -207,6 +208,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
             "partition": {"name": pcfg["name"], "client_sizes": sizes, "client_label_counts": counts},
             "model": {"name": mcfg["name"], "num_parameters": count_parameters(model)},
             "metrics": {k: v for k, v in final.items() if k not in _NON_METRICS},
+            "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
+                                 thresholds=list(cfg.eval.get("thresholds") or [])),
             "cache": {"dir": setup.cache.root and str(setup.cache.root), "hits": setup.cache.hits,
                       "misses": setup.cache.misses},
             "communication": {"uplink_bytes": sum(h["uplink_bytes"] for h in history),
