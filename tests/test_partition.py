@@ -393,7 +393,8 @@ def test_client_label_counts():
 def test_registered_names():
     assert set(PARTITIONS.names()) == {"noniid-labeldir", "noniid-#label", "homo", "iid-diff-quantity",
                                        "dirichlet_clientwise", "dirichlet_per_class_contiguous",
-                                       "size_class_dirichlet", "uci_inhomogeneous", "disjoint_classes", "natural"}
+                                       "size_class_dirichlet", "uci_inhomogeneous", "disjoint_classes", "natural",
+                                       "niid-bench"}
     assert partition_params("noniid-#label2") == ["k"]
 
 
@@ -481,3 +482,15 @@ def test_yaml_keys_accepted(labels, option):
         groups, k = labels % 4, 4
     parts = make_partition(name, y, k, 0, groups=groups, **node)
     assert len(parts) == k and sum(len(p) for p in parts) > 0
+
+
+def test_niid_bench_cell_equals_the_family_it_names():
+    from fedbench.partition import make_partition
+
+    y = np.random.RandomState(0).randint(0, 10, 3000)
+    for spec, fam, kw in [("beta=0.05", "noniid-labeldir", {"beta": 0.05}), ("#C=2", "noniid-#label", {"k": 2})]:
+        a = make_partition("niid-bench", y, 10, 1, spec=spec)
+        b = make_partition(fam, y, 10, 1, **kw)
+        assert all(np.array_equal(x, z) for x, z in zip(a, b))
+    with pytest.raises(FedbenchError, match="spec"):
+        make_partition("niid-bench", y, 10, 1, spec="dir0.5")

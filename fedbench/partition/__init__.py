@@ -33,7 +33,8 @@ import numpy as np
 from fedbench.errors import FedbenchError
 from fedbench.partition.base import PARTITIONS, PartitionFn
 from fedbench.partition import (dirichlet_clientwise, dirichlet_per_class_contiguous, disjoint_classes,  # noqa: F401
-                                natural, niid_bench, size_class_dirichlet, uci_inhomogeneous)
+                                natural, niid_bench, niid_cell, size_class_dirichlet,
+                                uci_inhomogeneous)
 
 __all__ = ["PARTITIONS", "make_partition", "client_label_counts", "partition_params"]
 
