@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: install run test test-all bench clean
+.PHONY: install run test test-all bench reproduce tables clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,18 @@ test-all: install
 # Speed: serial vs batched local training vs a plain per-client DataLoader loop (prints ratios).
 bench: install
 	$(PY) scripts/bench_engine.py $(ARGS)
+
+# One command per paper table: make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
+EXP     ?=
+PROFILE ?= quick
+reproduce: install
+	@test -n "$(EXP)" || (echo "usage: make reproduce EXP=<paper>/<table> [PROFILE=quick|paper] [ARGS=...]"; exit 2)
+	$(PY) scripts/reproduce.py experiment=$(EXP) profile=$(PROFILE) $(ARGS)
+
+# Re-collect a table from existing run records (no training).
+tables: install
+	@test -n "$(EXP)" || (echo "usage: make tables EXP=<paper>/<table> [PROFILE=...]"; exit 2)
+	$(PY) scripts/reproduce.py --collect-only experiment=$(EXP) profile=$(PROFILE) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -239,7 +239,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     return record
 
 
-def expand_aggregators(cfg: DictConfig, conf_dir: Path) -> list:
+def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:
     """``aggregators: [fedavg, fednova, {name: fedprox, mu: 0.1}, ...]`` -> one full config per aggregator.
 
     Each gets the algorithm group's YAML (updated by the dict's keys), so its run_id equals that of
@@ -251,8 +251,15 @@ def expand_aggregators(cfg: DictConfig, conf_dir: Path) -> list:
         name = entry if isinstance(entry, str) else entry.get("name") if isinstance(entry, dict) else None
         path = conf_dir / "algorithm" / f"{name}.yaml"
         if not name or not path.exists():
+            if allow_missing and name:   # collect: mark the column as not implemented yet
+                algo = OmegaConf.create({"name": name, "_missing": True})
+                sub = OmegaConf.merge(cfg, {"aggregators": None})
+                sub.algorithm = algo
+                out.append(sub)
+                continue
             options = sorted(p.stem for p in (conf_dir / "algorithm").glob("*.yaml"))
-            raise FedbenchError(f"aggregators: unknown algorithm {entry!r}; choose from: {', '.join(options)}")
+            raise FedbenchError(f"aggregators: algorithm {entry!r} is not implemented yet (no conf/algorithm/"
+                                f"{name}.yaml); available: {', '.join(options)}")
         algo = OmegaConf.load(path)
         if isinstance(entry, dict):
             algo = OmegaConf.merge(algo, entry)

@@ -9,6 +9,7 @@ and returns as soon as the array is queued.
 from __future__ import annotations
 
 import itertools
+import re
 import os
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -41,24 +42,73 @@ def _split(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
     return fixed, sweeps
 
 
+_PLAIN = re.compile(r"^[A-Za-z0-9_.\-/:+]*$")
+
+
+def _q(value: str) -> str:
+    """Quote an override value that Hydra's grammar would otherwise split (e.g. 'beta=0.05', '#C=2')."""
+    v = str(value)
+    return v if _PLAIN.match(v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _axis_values(key: str, value) -> List[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    _, parsed = _split([f"{key}={value}"])
+    return parsed.get(key, [str(value)])
+
+
 def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[List[str]]:
-    """Every single-run override list of the sweep (CLI sweeps override preset sweeper params)."""
+    """Every single-run override list of a sweep.
+
+    Axes come from an experiment preset's ``table.sweeps`` (a list of blocks, each a cartesian
+    product; their union is the table) and its ``table.profiles[profile]`` (``sweep``: axes added to
+    every block, e.g. seeds; ``set``: fixed overrides, e.g. fewer epochs), or, without a preset, from
+    ``hydra.sweeper.params``; CLI sweeps (``seed=0,1,2``) replace an axis and a fixed CLI override
+    (``dataset=fmnist``) removes it, which is how a table is restricted to one data set.
+    """
     _register_resolver()
     fixed, sweeps = _split(overrides)
+    fixed_keys = {f.split("=", 1)[0].lstrip("+~") for f in fixed}
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         base = compose("config", overrides=fixed, return_hydra_config=True)
-    params = base.hydra.sweeper.get("params")
-    preset = OmegaConf.to_container(params, resolve=False) if params else {}
-    preset_sweeps = {}
-    for key, val in preset.items():
-        if key in sweeps or any(f.split("=", 1)[0].lstrip("+~") == key for f in fixed):
-            continue
-        _, parsed = _split([f"{key}={val}"])
-        preset_sweeps[key] = parsed.get(key, [str(val)])
-    axes = {**preset_sweeps, **sweeps}
-    keys = list(axes)
-    combos = itertools.product(*(axes[k] for k in keys)) if keys else [()]
-    return [fixed + [f"{k}={v}" for k, v in zip(keys, combo)] for combo in combos]
+    blocks: List[Dict] = [{}]
+    profile_sweep: Dict = {}
+    profile_set: List[str] = []
+    table = base.get("table")
+    if table:
+        t = OmegaConf.to_container(table, resolve=False)
+        blocks = t.get("sweeps") or [{}]
+        profile = base.get("profile") or "paper"
+        profiles = t.get("profiles") or {}
+        if profile not in profiles:
+            raise FedbenchError(f"preset {t.get('paper')}/{t.get('id')} has no profile '{profile}'; "
+                                f"choose one of: {', '.join(profiles) or '(none)'}")
+        prof = profiles[profile] or {}
+        profile_sweep = prof.get("sweep") or {}
+        profile_set = [f"{k}={_q(v)}" for k, v in (prof.get("set") or {}).items() if k not in fixed_keys]
+    else:
+        params = base.hydra.sweeper.get("params")
+        blocks = [OmegaConf.to_container(params, resolve=False)] if params else [{}]
+    runs: List[List[str]] = []
+    seen = set()
+    for block in blocks:
+        axes: Dict[str, List[str]] = {}
+        for src in (block, profile_sweep):
+            for key, val in src.items():
+                axes[key] = _axis_values(key, val)
+        axes.update(sweeps)
+        for key in list(axes):
+            if key in fixed_keys:
+                del axes[key]
+        keys = list(axes)
+        sets = [o for o in profile_set if o.split("=", 1)[0] not in axes]
+        for combo in itertools.product(*(axes[k] for k in keys)) if keys else [()]:
+            run = fixed + sets + [f"{k}={_q(v)}" for k, v in zip(keys, combo)]
+            if tuple(run) not in seen:
+                seen.add(tuple(run))
+                runs.append(run)
+    return runs
 
 
 def compose_run(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> DictConfig:
@@ -83,14 +133,21 @@ def run_job(overrides: List[str], launch_dir: str) -> Dict:
     return {"run_ids": [r["run_id"] for r in recs], "status": [r["status"] for r in recs]}
 
 
-def plan(overrides: Sequence[str], launch_dir: str, force: bool = False):
-    """(todo, done): override lists still to run, and those whose ok record exists."""
+def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_missing: bool = False):
+    """(todo, done): override lists still to run, and those whose ok record exists.
+
+    A preset naming a method that is not implemented yet fails here with a message naming it;
+    ``allow_missing`` drops such methods from the aggregator lists instead (announced, never silent).
+    """
     todo, done = [], []
     for ovs in expand_sweep(overrides):
         cfg = compose_run(ovs)
         if cfg.get("aggregators"):
             from fedbench.runner import expand_aggregators
 
+            if allow_missing:
+                ovs = ovs + [f"aggregators={_present_aggregators(cfg)}"]
+                cfg = compose_run(ovs)
             subs = expand_aggregators(cfg, CONF_DIR)
             finished = all(is_complete(run_dir(s, launch_dir) / "metrics.json", compute_run_id(s)) for s in subs)
         else:
@@ -124,3 +181,32 @@ def validate_cluster(cluster: str) -> str:
     if cluster not in ("slurm", "local", "debug", "auto"):
         raise FedbenchError(f"--cluster must be slurm, local, debug or auto, got '{cluster}'")
     return cluster
+
+
+def missing_methods(overrides: Sequence[str]) -> List[str]:
+    names = []
+    for ovs in expand_sweep(overrides)[:1]:
+        cfg = compose_run(ovs)
+        for entry in OmegaConf.to_container(cfg.get("aggregators") or [], resolve=True):
+            name = entry if isinstance(entry, str) else entry.get("name")
+            if not (CONF_DIR / "algorithm" / f"{name}.yaml").exists():
+                names.append(name)
+    return names
+
+
+def _present_aggregators(cfg: DictConfig) -> str:
+    """The aggregator list without unimplemented methods, as one Hydra override value."""
+    import json
+
+    keep = []
+    for entry in OmegaConf.to_container(cfg.aggregators, resolve=True):
+        name = entry if isinstance(entry, str) else entry.get("name")
+        if (CONF_DIR / "algorithm" / f"{name}.yaml").exists():
+            keep.append(entry)
+    items = []
+    for e in keep:
+        if isinstance(e, str):
+            items.append(e)
+        else:
+            items.append("{" + ",".join(f"{k}:{json.dumps(v) if isinstance(v, str) else v}" for k, v in e.items()) + "}")
+    return "[" + ",".join(items) + "]"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 # Keys that say where/how a run executes, not what it computes: excluded from run_id.
-NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache")
+NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table")
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:

@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Regenerate a paper table: run its preset's sweep locally (skipping finished runs), then collect.
+
+    python scripts/reproduce.py experiment=fedlpa/table6 profile=quick dataset=fmnist
+    make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
+
+On a cluster use scripts/submit.py with the same overrides, then scripts/collect.py.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from fedbench.errors import FedbenchError  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--allow-missing", action="store_true",
+                    help="run the table without methods that are not implemented yet (they are listed)")
+    ap.add_argument("--collect-only", action="store_true")
+    args = ap.parse_args(argv)
+    from fedbench.launch.sweep import missing_methods, plan, run_job
+    from fedbench.results.tables import collect
+    from pathlib import Path
+
+    try:
+        if not args.collect_only:
+            missing = missing_methods(args.overrides)
+            if missing and not args.allow_missing:
+                raise FedbenchError(f"methods not implemented yet: {', '.join(missing)} "
+                                    "(rerun with --allow-missing to run the other columns)")
+            if missing:
+                print(f"fedbench: WARNING: skipping unimplemented methods: {', '.join(missing)}", file=sys.stderr)
+            todo, done = plan(args.overrides, os.getcwd(), allow_missing=args.allow_missing)
+            print(f"{len(todo)} run(s) to do, {len(done)} already done")
+            t0 = time.time()
+            for i, ovs in enumerate(todo, 1):
+                print(f"[{i}/{len(todo)}] {' '.join(ovs)}", flush=True)
+                run_job(ovs, os.getcwd())
+            print(f"runs finished in {time.time() - t0:.0f} s")
+        out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
+        path = collect(args.overrides, out_root, Path("results") / "tables")
+        print(f"table written: {path}")
+    except FedbenchError as e:
+        print(f"fedbench: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
