@@ -49,7 +49,7 @@ from __future__ import annotations
 import copy
 import math
 from numbers import Real
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -243,20 +243,20 @@ class FedLap(Algorithm):
     def _template_params(self) -> Params:
         return dict(self.setup.model.named_parameters())
 
-    def _init_duals(self, init: Params, scale: float) -> List[Params]:
-        """v_k⁽⁰⁾: zero (sites = 1), or ``scale``·(ρ_k/Σρ)·w_init so that the server rule returns
-        w_init (§1.4, the alternative consistent option)."""
+    def _init_duals(self, init: Params) -> List[Params]:
+        """v_k⁽⁰⁾: zero (sites = 1), or (ρ_k/Σρ)·w_init so that Σ_k v_k = w_init (§1.4, the
+        alternative consistent option; FedLap-Cov multiplies by S_g⁽⁰⁾ = δ)."""
         k = self.setup.num_clients
         if self.init == "zero_prior_mean":
             return [_zeros(init) for _ in range(k)]
         r = [self.rho_k(c, 1) for c in range(k)]
         tot = sum(r)
-        return [{n: (scale * r[c] / tot) * t.detach().clone() for n, t in init.items()} for c in range(k)]
+        return [{n: (r[c] / tot) * t.detach().clone() for n, t in init.items()} for c in range(k)]
 
     # --- server ----------------------------------------------------------------------------------
     def init_state(self, params):
         init = _detach(params)
-        v = self._init_duals(init, 1.0)
+        v = self._init_duals(init)
         w_g = _zeros(init) if self.init == "zero_prior_mean" else {n: sum(vk[n] for vk in v) for n in init}
         # round 1 starts the optimiser from the shared random init (w_g⁽⁰⁾ = 0 would kill NN gradients)
         return {"params": w_g, "v": v, "start": init, "w_local": None}
@@ -278,6 +278,14 @@ class FedLap(Algorithm):
         return prev
 
     # --- client ----------------------------------------------------------------------------------
+    def client_stage_key(self, round_idx):
+        """Round 1 with the zero prior mean trains every client on mean loss + (δ/2N_k)||w||² from the
+        shared init, the same for FedLap, FedLap-Cov (v = V = 0, S_g = δ) and FedLap-Func (no memory
+        terms in round 1), so the three share one cached client stage. Later rounds depend on the duals."""
+        if round_idx != 1 or self.init != "zero_prior_mean":
+            return None
+        return {"fedlap_round1_prior_precision_sum_scale": self.delta}
+
     def start_params(self, state, client_ids):
         if state.get("start") is not None:                       # round 1
             return state["start"]
@@ -326,7 +334,7 @@ class FedLapCov(FedLap):
         init = _detach(params)
         k = self.setup.num_clients
         S_g = {n: torch.full_like(t, self.delta) for n, t in init.items()}    # δI + Σ V_k with V_k = 0
-        v = self._init_duals(init, 1.0)
+        v = self._init_duals(init)
         v = [{n: self.delta * t for n, t in vk.items()} for vk in v]        # S_g⁽⁰⁾ w_init split over clients
         w_g = {n: sum(vk[n] for vk in v) / S_g[n] for n in init}
         return {"params": w_g, "precision": S_g, "v": v, "V": [_zeros(init) for _ in range(k)],
@@ -368,6 +376,16 @@ class FedLapCov(FedLap):
                                  generator=gen)
         return {n: curv.diag[n].detach().to(params[n].dtype) for n in params}
 
+    def _cached_curvature(self, client_id: int, at: Params, round_idx: int) -> Params:
+        """H_k, cached beside a cached client stage (round 1) when the setup has a cache."""
+        cached = getattr(self.setup, "cached", None)
+        if cached is None:
+            return self.diag_curvature(client_id, at, round_idx)
+        parts = {"fisher": self.fisher, "mc_samples": self.mc_samples if self.fisher == "mc" else None,
+                 "hessian_at": self.hessian_at, "scale": "sum"}
+        return cached("fedlap_cov_diag_curvature", client_id, parts,
+                      lambda: {"H": self.diag_curvature(client_id, at, round_idx)})["H"]
+
     def client_message(self, client_id, params, result, pos, state, round_idx):
         at = params
         if self.hessian_at == "previous_local":
@@ -375,7 +393,7 @@ class FedLapCov(FedLap):
             prev = state.get("w_prev")
             at = prev[client_id] if prev is not None and prev[client_id] is not None else \
                 (state["start"] if state.get("start") is not None else state["params"])
-        H = self.diag_curvature(client_id, at, round_idx)
+        H = self._cached_curvature(client_id, at, round_idx)
         v_new, V_new = cov_dual_update(state["v"][client_id], state["V"][client_id], H, params, state["params"],
                                        state["precision"], self.rho_k(client_id, round_idx))
         return Message(client_id, self.sizes[client_id], {"v": v_new, "V": V_new},
