@@ -1,0 +1,470 @@
+"""Two engines that backpropagate the output-space vectors V_n (see ``likelihood``) per sample.
+
+* ``hooks`` (fast path; models whose trainable parameters all live in ``nn.Linear`` /
+  ``nn.Conv2d``): one batched forward with forward hooks that keep each layer's input and output,
+  then, for each column k of V, one batched ``autograd.grad`` from the logits to all layer outputs.
+  With δ = ∂(f·v_k)/∂(layer output) at every location s and the layer's input patches a_s
+  (``F.unfold`` for convolutions), the per-sample weight gradient is Σ_s δ_s a_sᵀ, so diagonals,
+  K-FAC factors and per-sample gradients are batched matrix products: no per-sample Python loop.
+* ``func`` (any model): ``torch.func.functional_call`` + ``vmap(grad)`` per sample and per column,
+  or ``vmap(jacrev)`` per-sample Jacobians contracted with the output-space factor (GGN). Slower
+  and memory-hungry (materialises [N, K, P] per chunk); the reference the tests compare against.
+
+Both feed *consumers* (diag, K-FAC factors, dense blocks) chunk by chunk, so memory stays bounded
+by ``batch_size``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedbench.curvature import likelihood as lik
+from fedbench.curvature.layout import ParamLayout
+from fedbench.errors import FedbenchError
+
+SUPPORTED = (nn.Linear, nn.Conv2d)
+
+
+# ---------------------------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Layer:
+    name: str                 # module name
+    module: nn.Module
+    weight: Optional[str]     # full parameter names (None if absent / frozen)
+    bias: Optional[str]
+
+    @property
+    def is_conv(self) -> bool:
+        return isinstance(self.module, nn.Conv2d)
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(n for n in (self.weight, self.bias) if n is not None)
+
+
+def find_layers(model: nn.Module, layout: ParamLayout) -> Tuple[List[Layer], List[str]]:
+    """Linear/Conv2d layers holding trainable parameters, and the reasons the hooks engine cannot
+    be used (parameters elsewhere, unsupported conv options); empty reasons = hooks usable."""
+    layers: List[Layer] = []
+    covered = set()
+    problems: List[str] = []
+    for mname, mod in model.named_modules():
+        if not isinstance(mod, SUPPORTED):
+            continue
+        pre = f"{mname}." if mname else ""
+        w = pre + "weight" if (pre + "weight") in layout else None
+        b = pre + "bias" if mod.bias is not None and (pre + "bias") in layout else None
+        if w is None and b is None:
+            continue
+        if w is None:
+            problems.append(f"layer '{mname}' trains its bias but not its weight")
+        if isinstance(mod, nn.Conv2d) and (mod.groups != 1 or mod.padding_mode != "zeros"):
+            problems.append(f"conv layer '{mname}' has groups={mod.groups}, padding_mode={mod.padding_mode!r}")
+        layers.append(Layer(mname, mod, w, b))
+        covered.update(n for n in (w, b) if n is not None)
+    outside = [n for n in layout.names if n not in covered]
+    if outside:
+        problems.append(f"parameters outside nn.Linear/nn.Conv2d: {', '.join(outside[:4])}"
+                        + (" ..." if len(outside) > 4 else ""))
+    return layers, problems
+
+
+def _conv_pad(mod: nn.Conv2d, x: Tensor) -> Tensor:
+    """Input zero-padded as the convolution pads it."""
+    if isinstance(mod.padding, str):
+        if mod.padding == "valid":
+            return x
+        pads = []   # 'same' (stride 1): total = d·(k−1), PyTorch puts the extra one on the right
+        for d, k in zip(reversed(mod.dilation), reversed(mod.kernel_size)):
+            tot = d * (k - 1)
+            pads += [tot // 2, tot - tot // 2]
+        return F.pad(x, pads)
+    ph, pw = mod.padding
+    return F.pad(x, (pw, pw, ph, ph)) if (ph or pw) else x
+
+
+def conv_patches(mod: nn.Conv2d, a: Tensor) -> Tensor:
+    """Unfolded convolution input, [N, J, S] contiguous (J = C_in·kh·kw in the order of
+    ``weight.reshape(C_out, -1)``, S = H_out·W_out locations; ``F.unfold``'s layout), built from one
+    strided view and one copy (several times faster than ``F.unfold`` on CPU)."""
+    a = _conv_pad(mod, a).contiguous()
+    N, C, H, W = a.shape
+    (kh, kw), (sh, sw), (dh, dw) = mod.kernel_size, mod.stride, mod.dilation
+    Ho = (H - dh * (kh - 1) - 1) // sh + 1
+    Wo = (W - dw * (kw - 1) - 1) // sw + 1
+    sN, sC, sH, sW = a.stride()
+    view = a.as_strided((N, C, kh, kw, Ho, Wo), (sN, sC, sH * dh, sW * dw, sH * sh, sW * sw))
+    return view.reshape(N, C * kh * kw, Ho * Wo)
+
+
+def input_patches(layer: Layer, a: Tensor) -> Tensor:
+    """Layer input as [N, J, S]: J = C_in·kh·kw (conv) or d_in, S weight-sharing locations
+    (1 for a Linear layer on [N, d])."""
+    if layer.is_conv:
+        return conv_patches(layer.module, a)
+    if a.dim() == 2:
+        return a.unsqueeze(2)
+    return a.reshape(a.shape[0], -1, a.shape[-1]).transpose(1, 2)
+
+
+def output_locations(layer: Layer, g: Tensor) -> Tensor:
+    """Gradient w.r.t. the layer output as [N, O, S] (a view where possible)."""
+    if layer.is_conv:
+        return g.flatten(2)
+    if g.dim() == 2:
+        return g.unsqueeze(2)
+    return g.reshape(g.shape[0], -1, g.shape[-1]).transpose(1, 2)
+
+
+class _Capture:
+    """Forward hooks keeping each layer's (detached) input and (graph-attached) output."""
+
+    def __init__(self, layers: Sequence[Layer]):
+        self.layers = layers
+        self.inputs: Dict[str, Tensor] = {}
+        self.outputs: Dict[str, Tensor] = {}
+        self.versions: Dict[str, int] = {}
+        self.order: List[str] = []
+        self._handles = []
+
+    def _hook(self, name):
+        def hook(mod, inp, out):
+            if name in self.inputs:
+                raise FedbenchError(f"layer '{name}' is called more than once per forward pass; "
+                                    "use curvature backend 'func' (structures diag / full / layer_blocks)")
+            self.inputs[name] = inp[0].detach()
+            self.outputs[name] = out
+            self.versions[name] = out._version
+            self.order.append(name)
+        return hook
+
+    def __enter__(self):
+        self._handles = [l.module.register_forward_hook(self._hook(l.name)) for l in self.layers]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def check(self):
+        for n, o in self.outputs.items():
+            if o._version != self.versions[n]:
+                raise FedbenchError(f"the output of layer '{n}' is modified in place (e.g. ReLU(inplace=True)); "
+                                    "use curvature backend 'func'")
+
+
+def chunks(n: int, size: int):
+    for s in range(0, n, size):
+        yield slice(s, min(n, s + size))
+
+
+# ---------------------------------------------------------------------------------------------
+# hooks engine
+# ---------------------------------------------------------------------------------------------
+class HooksConsumer:
+    """Receives, per chunk: the layer inputs as patches P [N, J, S], then, per column k of V, the
+    output gradients D [N, O, S] of every layer (per-sample weight gradient = D Pᵀ)."""
+
+    def start(self, patches: Dict[str, Tensor], n: int) -> None: ...
+    def grad(self, layer: Layer, k: int, D: Tensor, P: Tensor) -> None: ...
+    def column_done(self, k: int) -> None: ...
+    def end(self) -> None: ...
+
+
+def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, kind: str, fisher: str,
+              consumer: HooksConsumer, *, batch_size: int, mc_samples: int,
+              generator: Optional[torch.Generator]) -> List[str]:
+    """Drive ``consumer`` over the data; returns the layers' execution order."""
+    order: List[str] = []
+    for sl in chunks(x.shape[0], batch_size):
+        xb = x[sl]
+        with torch.enable_grad(), _Capture(layers) as cap:
+            out = model(xb)
+        cap.check()
+        missing = [l.name for l in layers if l.name not in cap.outputs]
+        if missing:
+            raise FedbenchError(f"layer(s) {', '.join(missing)} hold trainable parameters but are not used "
+                                "in the forward pass")
+        order = list(cap.order)
+        yb = lik.prepare_targets(kind, out, y[sl])
+        V = lik.output_vectors(kind, fisher, out, yb, mc_samples=mc_samples, generator=generator)
+        patches = {l.name: input_patches(l, cap.inputs[l.name]) for l in layers}
+        consumer.start(patches, xb.shape[0])
+        outs = [cap.outputs[l.name] for l in layers]
+        K = V.shape[-1]
+        for k in range(K):
+            grads = torch.autograd.grad(out, outs, grad_outputs=V[..., k], retain_graph=k < K - 1,
+                                        allow_unused=True)
+            for l, g in zip(layers, grads):
+                if g is None:
+                    g = torch.zeros_like(cap.outputs[l.name])
+                consumer.grad(l, k, output_locations(l, g), patches[l.name])
+            consumer.column_done(k)
+        del out, outs, cap, grads
+        consumer.end()
+    return order
+
+
+def _acc(d: Dict[str, Tensor], key: str, val: Tensor) -> None:
+    if key in d:
+        d[key] += val
+    else:
+        d[key] = val
+
+
+class DiagHooks(HooksConsumer):
+    """Σ_n Σ_k (per-sample gradient)² per parameter (per-sample gradient Σ_s δ_s a_sᵀ)."""
+
+    def __init__(self, layers: Sequence[Layer]):
+        self.layers = layers
+        self.diag: Dict[str, Tensor] = {}
+        self._sq: Dict[str, Tensor] = {}
+        self._patches: Dict[str, Tensor] = {}
+
+    def start(self, patches, n):
+        self._sq = {}
+        self._patches = patches
+
+    def grad(self, layer, k, D, P):
+        if D.shape[2] == 1:               # no weight sharing: g = δ aᵀ, so Σ_k g² = (Σ_k δ²)(a²)ᵀ
+            d = D[:, :, 0]
+            _acc(self._sq, layer.name, d * d)
+            return
+        if layer.weight is not None:
+            gw = torch.bmm(D, P.transpose(1, 2))                          # [N, O, J]
+            _acc(self.diag, layer.weight, (gw * gw).sum(0).reshape(layer.module.weight.shape))
+        if layer.bias is not None:
+            gb = D.sum(2)
+            _acc(self.diag, layer.bias, (gb * gb).sum(0))
+
+    def end(self):
+        for l in self.layers:
+            if l.name not in self._sq:
+                continue
+            d2 = self._sq[l.name]
+            if l.weight is not None:
+                a = self._patches[l.name][:, :, 0]
+                _acc(self.diag, l.weight, (d2.t() @ (a * a)).reshape(l.module.weight.shape))
+            if l.bias is not None:
+                _acc(self.diag, l.bias, d2.sum(0))
+        self._sq = {}
+        self._patches = {}
+
+
+# K-FAC conv conventions: (α_A(S), α_G(S)) multiplying Σ_s ā āᵀ and Σ_s δ δᵀ per sample.
+_KFAC_ALPHA = {
+    "expand": (lambda S: 1.0 / S, lambda S: 1.0),
+    "fedlpa_kfc": (lambda S: 1.0 / (S * S), lambda S: float(S)),
+    "nngeometry": (lambda S: 1.0, lambda S: 1.0 / S),
+}
+CONV_CONVENTIONS = ("fedlpa_kfc", "nngeometry", "expand", "reduce")
+
+
+class KFACHooks(HooksConsumer):
+    """Raw K-FAC sums (not yet divided by N); ``compute.kfac_blocks`` finishes them.
+
+    Per sample n with patches ā_s (ones appended when augmenting) and output gradients δ_ks:
+      expand     A += (1/S)  Σ_s ā āᵀ        G += Σ_k Σ_s δ δᵀ
+      fedlpa_kfc A += (1/S²) Σ_s ā āᵀ        G += S Σ_k Σ_s δ δᵀ      (alecwangcq KFC)
+      nngeometry A +=        Σ_s ā āᵀ        G += (1/S) Σ_k Σ_s δ δᵀ
+      reduce     A += ā̄ ā̄ᵀ, ā̄ = mean_s ā     G += Σ_k ĝ ĝᵀ, ĝ = Σ_s δ
+    (S = 1 for Linear layers on [N, d] inputs, where all four coincide.) The augmented A is
+    assembled from Σ a aᵀ, Σ a and Σ 1 (no concatenated copy of the patches).
+    """
+
+    def __init__(self, layers: Sequence[Layer], convention: str):
+        self.layers = layers
+        self.convention = convention
+        self.aa: Dict[str, Tensor] = {}   # Σ a aᵀ (scaled)
+        self.a1: Dict[str, Tensor] = {}   # Σ a (scaled), for the bias augmentation
+        self.c1: Dict[str, float] = {}    # Σ 1 (scaled)
+        self.gg: Dict[str, Tensor] = {}
+        self.S: Dict[str, int] = {}
+
+    def start(self, patches, n):
+        for l in self.layers:
+            P = patches[l.name]
+            N, J, S = P.shape
+            self.S[l.name] = S
+            if self.convention == "reduce" or S == 1:
+                a = P.mean(2) if S > 1 else P[:, :, 0]
+                aa = a.t() @ a
+                a1 = a.sum(0) if l.bias is not None else None
+                c1 = float(N)
+            else:
+                alpha = _KFAC_ALPHA[self.convention][0](S)
+                if J <= 64:      # small J: batched Σ_n P_n P_nᵀ beats a copy + one GEMM
+                    aa = torch.bmm(P, P.transpose(1, 2)).sum(0)
+                else:
+                    flat = P.transpose(0, 1).reshape(J, N * S)
+                    aa = flat @ flat.t()
+                aa.mul_(alpha)
+                a1 = P.sum((0, 2)).mul_(alpha) if l.bias is not None else None
+                c1 = alpha * N * S
+            _acc(self.aa, l.name, aa)
+            if a1 is not None:
+                _acc(self.a1, l.name, a1)
+            self.c1[l.name] = self.c1.get(l.name, 0.0) + c1
+
+    def grad(self, layer, k, D, P):
+        N, O, S = D.shape
+        if S == 1:
+            d = D[:, :, 0]
+            gg = d.t() @ d
+        elif self.convention == "reduce":
+            g = D.sum(2)
+            gg = g.t() @ g
+        else:
+            gg = torch.bmm(D, D.transpose(1, 2)).sum(0)
+            alpha = _KFAC_ALPHA[self.convention][1](S)
+            if alpha != 1.0:
+                gg.mul_(alpha)
+        _acc(self.gg, layer.name, gg)
+
+    def end(self):
+        pass
+
+
+class GradsHooks(HooksConsumer):
+    """Per-sample gradients of the layers in ``only`` (all when None), handed to ``sink`` one column k
+    at a time as {name: [N, 1, *shape]} (memory N·P per column, not N·K·P)."""
+
+    def __init__(self, layers: Sequence[Layer], sink: Callable[[Dict[str, Tensor]], None],
+                 only: Optional[Sequence[str]] = None):
+        self.layers = layers
+        self.sink = sink
+        self.only = None if only is None else set(only)
+        self._g: Dict[str, Tensor] = {}
+
+    def start(self, patches, n):
+        self._g = {}
+
+    def grad(self, layer, k, D, P):
+        if self.only is not None and layer.name not in self.only:
+            return
+        if layer.weight is not None:
+            gw = torch.bmm(D, P.transpose(1, 2))
+            self._g[layer.weight] = gw.reshape(-1, 1, *layer.module.weight.shape)
+        if layer.bias is not None:
+            self._g[layer.bias] = D.sum(2).unsqueeze(1)
+
+    def column_done(self, k):
+        if self._g:
+            self.sink(self._g)
+        self._g = {}
+
+
+class MultiHooks(HooksConsumer):
+    """Several consumers fed by one pass."""
+
+    def __init__(self, *consumers: HooksConsumer):
+        self.consumers = consumers
+
+    def start(self, patches, n):
+        for c in self.consumers:
+            c.start(patches, n)
+
+    def grad(self, layer, k, D, P):
+        for c in self.consumers:
+            c.grad(layer, k, D, P)
+
+    def column_done(self, k):
+        for c in self.consumers:
+            c.column_done(k)
+
+    def end(self):
+        for c in self.consumers:
+            c.end()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.func engine
+# ---------------------------------------------------------------------------------------------
+def _split_state(model: nn.Module, layout: ParamLayout):
+    params = {n: p.detach() for n, p in model.named_parameters() if n in layout}
+    fixed = {n: p.detach() for n, p in model.named_parameters() if n not in layout}
+    fixed.update(dict(model.named_buffers()))
+    return params, fixed
+
+
+def run_func(model: nn.Module, layout: ParamLayout, x: Tensor, y: Tensor, kind: str, fisher: str,
+             sink: Callable[[Dict[str, Tensor]], None], *, batch_size: int, mc_samples: int,
+             generator: Optional[torch.Generator], max_values: int = 1 << 25) -> None:
+    """Per-sample gradients of the backpropagated vectors via ``torch.func``; ``sink`` receives
+    dicts name -> [n, K, *shape] chunk by chunk (chunks sized so that n·K·P ≤ ``max_values``)."""
+    from torch.func import functional_call, grad, jacrev, vmap
+
+    params, fixed = _split_state(model, layout)
+
+    def f_single(p, xi):
+        return functional_call(model, {**p, **fixed}, (xi.unsqueeze(0),)).squeeze(0)
+
+    with torch.no_grad():
+        C = model(x[:1]).shape[-1]
+    K = {"empirical": 1, "mc": mc_samples, "true": (2 if kind == "bce" else C), "ggn": C}[fisher]
+    if kind == "bce" and fisher == "ggn":
+        K = 1
+    step = max(1, min(batch_size, max_values // max(1, K * layout.numel)))
+    for sl in chunks(x.shape[0], step):
+        xb = x[sl]
+        with torch.no_grad():
+            out = model(xb)
+        yb = lik.prepare_targets(kind, out, y[sl])
+        if fisher == "ggn" or (fisher == "true" and kind == "mse"):
+            # per-sample Jacobians contracted with the output-space Hessian square root
+            J = vmap(jacrev(f_single), in_dims=(None, 0))(params, xb)            # name -> [n, C, *shape]
+            S = lik.hessian_sqrt(kind, out)                                       # [n, C, K]
+            g = {nm: torch.einsum("nck,nc...->nk...", S, J[nm]) for nm in layout.names}
+        elif fisher == "true":
+            # nngeometry's classif_logits: grad of √p_c (detached) · log p(c | f) for every class c
+            w = lik.class_log_probs(kind, out).exp().sqrt()                       # [n, K]
+            onehot = torch.eye(w.shape[1], dtype=out.dtype, device=xb.device)
+
+            def weighted_logp(p, xi, e_c, wc):
+                return wc * (lik.class_log_probs(kind, f_single(p, xi).unsqueeze(0))[0] * e_c).sum()
+
+            per_c = vmap(grad(weighted_logp), in_dims=(None, None, 0, 0))
+            g = vmap(per_c, in_dims=(None, 0, None, 0))(params, xb, onehot, w)
+        else:
+            V = lik.output_vectors(kind, fisher, out, yb, mc_samples=mc_samples, generator=generator)
+
+            def proj(p, xi, v):
+                return (f_single(p, xi) * v).sum()
+
+            per_k = vmap(grad(proj), in_dims=(None, None, 1))                     # v: [C, K] -> K
+            g = vmap(per_k, in_dims=(None, 0, 0))(params, xb, V)
+        sink({nm: g[nm] for nm in layout.names})
+
+
+def execution_order(model: nn.Module, x1: Tensor, layout: ParamLayout) -> List[Tuple[str, Tuple[str, ...]]]:
+    """(module name, its trainable parameter names) for modules with direct trainable parameters,
+    in the order they run on ``x1``."""
+    owners = []
+    for mname, mod in model.named_modules():
+        pre = f"{mname}." if mname else ""
+        own = tuple(pre + n for n, _ in mod.named_parameters(recurse=False) if pre + n in layout)
+        if own:
+            owners.append((mname, mod, own))
+    seen: List[Tuple[str, Tuple[str, ...]]] = []
+    handles = []
+    for mname, mod, own in owners:
+        def hook(m, i, o, mname=mname, own=own):
+            if all(s[0] != mname for s in seen):
+                seen.append((mname, own))
+        handles.append(mod.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(x1)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
