@@ -51,6 +51,16 @@ def _q(value: str) -> str:
     return v if _PLAIN.match(v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _same(a: str, b: str) -> bool:
+    a, b = str(a).strip("'\""), str(b).strip("'\"")
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
 def _axis_values(key: str, value) -> List[str]:
     if isinstance(value, (list, tuple)):
         return [str(v) for v in value]
@@ -69,7 +79,8 @@ def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[Li
     """
     _register_resolver()
     fixed, sweeps = _split(overrides)
-    fixed_keys = {f.split("=", 1)[0].lstrip("+~") for f in fixed}
+    fixed_values = {f.split("=", 1)[0].lstrip("+~"): f.split("=", 1)[1] if "=" in f else "" for f in fixed}
+    fixed_keys = set(fixed_values)
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         base = compose("config", overrides=fixed, return_hydra_config=True)
     blocks: List[Dict] = [{}]
@@ -99,8 +110,14 @@ def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[Li
                 axes[key] = _axis_values(key, val)
         axes.update(sweeps)
         for key in list(axes):
-            if key in fixed_keys:
+            if key in fixed_keys:   # a fixed CLI value restricts the axis to itself (dataset=fmnist)
+                want = fixed_values[key]
+                if not any(_same(v, want) for v in axes[key]):
+                    axes = None
+                    break
                 del axes[key]
+        if axes is None:
+            continue
         keys = list(axes)
         sets = [o for o in profile_set if o.split("=", 1)[0] not in axes]
         for combo in itertools.product(*(axes[k] for k in keys)) if keys else [()]:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id, read_record
+from fedbench.results.summaries import last_k
 
 
 def partition_label(p: Dict[str, Any]) -> str:
@@ -80,17 +81,39 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             c = OmegaConf.to_container(sub, resolve=True)
             rid = compute_run_id(sub)
             rec = read_record(output_root / "runs" / rid / "metrics.json") or {}
-            row = {k: row_value(c, k) for k in (meta.get("rows") or ["dataset", "partition"])}
+            keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
+            row = {k: row_value(c, k) for k in keys}
             row.update({"method": method_label(c["algorithm"]), "algorithm": c["algorithm"]["name"],
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
                         "status": rec.get("status", "missing"),
                         "missing_method": bool(c["algorithm"].get("_missing"))})
-            for k, v in (rec.get("metrics") or {}).items():
-                row[k] = v
-            rows.append(row)
+            at_rounds = meta.get("at_rounds")
+            if not at_rounds:
+                row.update(rec.get("metrics") or {})
+                rows.append(row)
+                continue
+            # multi-round tables: one row per reported round, summarised from the run's history
+            hist = _history(output_root / "runs" / rid / "history.csv") if rec.get("status") == "ok" else []
+            how = meta.get("summary", "last3_mean")
+            k = int(how[4]) if how.startswith("last") else 1
+            for r in at_rounds:
+                if r > int(c["rounds"]):
+                    continue
+                upto = [h for h in hist if int(h["round"]) <= r]
+                val = last_k(upto, "accuracy", k, "max" if how.endswith("max") else "mean") \
+                    if len(upto) and int(upto[-1]["round"]) == r else None
+                rows.append({**row, "rounds": r, "accuracy": val,
+                             "status": row["status"] if val is not None else "missing"})
     df = pd.DataFrame(rows)
     df.attrs["table"] = meta or {}
     return df
+
+
+def _history(path: Path) -> List[Dict[str, Any]]:
+    try:
+        return pd.read_csv(path).to_dict("records")
+    except (OSError, ValueError):
+        return []
 
 
 def summarise(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
