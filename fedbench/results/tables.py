@@ -36,6 +36,8 @@ def partition_label(p: Dict[str, Any]) -> str:
         return "heterog"
     if name == "homo":
         return "homog"
+    if name == "natural":
+        return "heterog"   # FedLap writes FLamby's natural hospital split as heterogeneous
     return str(name)
 
 
