@@ -49,6 +49,23 @@ def resolve_backend(spec: str, device: torch.device) -> str:
     return spec
 
 
+def set_threads(spec, device: torch.device, num_params: int) -> None:
+    """CPU intra-op threads. ``auto``: one thread for tiny models (tabular / logistic regression), whose
+    per-step ops are too small to split — extra threads only add synchronisation (measured 15x slower
+    per Adam step on a 47-parameter model with 2 threads on a busy 2-core machine); torch's default otherwise."""
+    if spec in (None, "auto"):
+        if device.type == "cpu" and num_params < 10_000:
+            torch.set_num_threads(1)
+        return
+    try:
+        n = int(spec)
+    except (TypeError, ValueError):
+        raise FedbenchError(f"hardware.num_threads must be auto or a positive integer, got {spec!r}") from None
+    if n < 1:
+        raise FedbenchError(f"hardware.num_threads must be auto or a positive integer, got {spec!r}")
+    torch.set_num_threads(n)
+
+
 def _group(cfg: DictConfig, key: str) -> Dict[str, Any]:
     node = cfg.get(key)
     if node is None or "name" not in node:
@@ -80,6 +97,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.eval.every < 1:
         raise FedbenchError(f"eval.every must be >= 1, got {cfg.eval.every}")
     LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
+    if cfg.get("server_val") is not None:
+        from fedbench.fl.server_data import ServerValConfig
+        ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True))
     resolve_backend(cfg.hardware.backend, resolve_device(cfg.hardware.device))
 
 
@@ -104,6 +124,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     from fedbench.data.transforms import Augment
     from fedbench.fl.cache import ClientStageCache
     from fedbench.fl.loop import FLSetup, run_rounds
+    from fedbench.fl.server_data import ServerValConfig, draw_server_val
     from fedbench.models import build_model, count_parameters
     from fedbench.partition import client_label_counts, make_partition
     from fedbench.results.loggers import make_logger
@@ -126,16 +147,23 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     local = LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
     device = resolve_device(cfg.hardware.device)
     backend = resolve_backend(cfg.hardware.backend, device)
-    if cfg.hardware.get("num_threads"):
-        torch.set_num_threads(int(cfg.hardware.num_threads))
     seed = int(cfg.seed)
 
     data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
     if data.approximate:
         print(f"fedbench: WARNING: {data.approximate}", file=sys.stderr)
     pparams = {k: v for k, v in pcfg.items() if k != "name"}
-    parts = make_partition(pcfg["name"], np.asarray(data.train_y.cpu()), int(cfg.num_clients), seed,
-                           groups=data.train_groups, num_classes=data.num_classes or None, **pparams)
+    sval = ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True)
+                                    if cfg.get("server_val") is not None else None)
+    val_idx, keep = draw_server_val(sval, len(data.train_y), seed)
+    labels_all = np.asarray(data.train_y.cpu())
+    if keep is None:
+        parts = make_partition(pcfg["name"], labels_all, int(cfg.num_clients), seed,
+                               groups=data.train_groups, num_classes=data.num_classes or None, **pparams)
+    else:   # hold-out server data: partition only what is left, indices still refer to the full set
+        groups = None if data.train_groups is None else np.asarray(data.train_groups)[keep]
+        parts = [keep[p] for p in make_partition(pcfg["name"], labels_all[keep], int(cfg.num_clients), seed,
+                                                 groups=groups, num_classes=data.num_classes or None, **pparams)]
     sizes = [int(len(p)) for p in parts]
     if any(s == 0 for s in sizes) and local.epochs > 0:
         print(f"fedbench: WARNING: {sizes.count(0)} client(s) received no data", file=sys.stderr)
@@ -146,6 +174,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     model = build_model(mcfg["name"], input_shape=tuple(data.input_shape), num_classes=data.num_classes,
                         **{k: v for k, v in mcfg.items() if k != "name"}).to(device)
     init_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    set_threads(cfg.hardware.get("num_threads"), device, count_parameters(model))
 
     data = data.to(device)
     normalize = dcfg.get("normalize", True)
@@ -157,6 +186,12 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
     stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
                    "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
+    if keep is not None:   # a hold-out changes the clients' data
+        stage_parts["server_val_holdout"] = {"size": sval.size, "seed": sval.seed}
+    server_val = None
+    if val_idx is not None:
+        vi = torch.as_tensor(val_idx, dtype=torch.long, device=device)
+        server_val = (train.inputs(vi), data.train_y[vi])
     setup = FLSetup(model=model, train=train, test_inputs=test.inputs, test_y=data.test_y,
                     client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
                     local=local, seed=seed, device=device, task=data.task, backend=backend,
@@ -164,7 +199,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                     eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
                     local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
                     cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None),
-                    stage_parts=stage_parts)
+                    stage_parts=stage_parts, server_val=server_val)
     algo = build_algorithm(acfg, setup)
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = make_logger(config.get("logger") or {"name": "none"}, run_id, config, out)

@@ -81,7 +81,8 @@ def main():
     ap.add_argument("--data-root", default=os.environ.get("FEDBENCH_DATA", "data"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--extra", action="store_true",
-                    help="also time the MC-Fisher diagonal (1 sample) and the true-Fisher K-FAC (FedFisher)")
+                    help="also time the MC-Fisher diagonal (1 sample), the true-Fisher K-FAC (FedFisher) and the "
+                         "GGN K-FAC (FedBEns) through the hooks engine and through curvlinops")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -108,6 +109,11 @@ def main():
                                                     batch_size=bs, generator=torch.Generator().manual_seed(0))
         jobs["kfac_true"] = lambda: compute_curvature(model, x, y, structure="kfac", fisher="true",
                                                       conv_convention="nngeometry", scale="mean", batch_size=bs)
+        jobs["kfac_ggn"] = lambda: compute_curvature(model, x, y, structure="kfac", fisher="ggn",
+                                                     conv_convention="expand", scale="sum", batch_size=bs)
+        jobs["kfac_ggn_cl"] = lambda: compute_curvature(model, x, y, structure="kfac", fisher="ggn",
+                                                        conv_convention="expand", scale="sum", batch_size=bs,
+                                                        backend="curvlinops")
     for fn in jobs.values():               # warm-up (allocator, kernels)
         fn()
     times = {k: [] for k in jobs}
@@ -121,7 +127,7 @@ def main():
     med = {k: statistics.median(v) for k, v in times.items()}
     mn = {k: min(v) for k, v in times.items()}
     for k in jobs:
-        print(f"{k:9s} median {med[k]:.3f} s   min {mn[k]:.3f} s   all {[round(t, 3) for t in times[k]]}")
+        print(f"{k:11s} median {med[k]:.3f} s   min {mn[k]:.3f} s   all {[round(t, 3) for t in times[k]]}")
     for k in [j for j in jobs if j != "epoch"]:
         print(f"{k}/epoch = {med[k] / med['epoch']:.2f}x (median)   {mn[k] / mn['epoch']:.2f}x (min)")
 

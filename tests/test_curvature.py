@@ -12,7 +12,6 @@ input to 10 % relative Frobenius error of the true Fisher (fixed seed).
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -472,11 +471,11 @@ def test_curvlinops_mc_kfac_runs_and_is_close_to_type2():
     model = mlp()
     x, y = data((4,), n=40)
     g = torch.Generator().manual_seed(0)
-    mc = compute_curvature(model, x, y, structure="kfac", fisher="mc", mc_samples=300, backend="curvlinops",
+    mc = compute_curvature(model, x, y, structure="kfac", fisher="mc", mc_samples=20, backend="curvlinops",
                            generator=g)
     t2 = compute_curvature(model, x, y, structure="kfac", fisher="ggn")
     rel = (mc.to_dense() - t2.to_dense()).norm() / t2.to_dense().norm()
-    assert rel < 0.15, float(rel)
+    assert rel < 0.1, float(rel)           # observed 0.02
 
 
 def test_kfac_mv_matches_dense_and_ordering():
@@ -571,3 +570,16 @@ def test_kfac_rejects_parameters_outside_linear_and_conv():
     d = compute_curvature(model, x, y, structure="diag", fisher="true")
     ref = dense_fisher(model, x, y, "ce", "true")
     assert torch.allclose(d.vector(), ref.diagonal(), atol=EXACT, rtol=0)
+
+
+def test_eval_mode_by_default_and_modes_restored():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Dropout(0.5), nn.Linear(6, 3)).to(DT)
+    x, y = data((4,))
+    model.train()
+    a = compute_curvature(model, x, y, structure="diag", fisher="true")
+    b = compute_curvature(model, x, y, structure="diag", fisher="true", backend="func")
+    assert model.training and model[2].training
+    assert torch.allclose(a.vector(), b.vector(), atol=EXACT, rtol=0)     # deterministic: dropout off
+    ref = dense_fisher(model.eval(), x, y, "ce", "true")
+    assert torch.allclose(a.vector(), ref.diagonal(), atol=EXACT, rtol=0)

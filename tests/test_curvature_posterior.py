@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributions import MultivariateNormal
 
-from fedbench.curvature import (DenseGaussian, DiagGaussian, KFACCurvature, KronBlock, KronGaussian,
+from fedbench.curvature import (DenseGaussian, DiagGaussian, KronBlock, KronGaussian,
                                 OnlineDiagFisher, OnlineDiagFisherHook, ParamLayout, ProductGaussian,
                                 compute_curvature, damp, damp_kfac, gaussian_from_curvature, kron_pi)
 from fedbench.errors import FedbenchError
@@ -267,3 +267,14 @@ def test_online_invalid_options():
     acc2 = OnlineDiagFisher(model, 10, mode="per_sample_sq")
     with pytest.raises(FedbenchError):
         acc2.update(batch_size=4)
+
+
+def test_kfac_bytes_count_a_shared_g_once():
+    model, x, y = model_and_data()
+    aug = compute_curvature(model, x, y, structure="kfac", bias_augment=True)
+    sep = compute_curvature(model, x, y, structure="kfac", bias_augment=False)
+    tri = lambda n: n * (n + 1) // 2
+    # conv "0": 2 out, 9 (+1) in; Linear "3": 3 out, 32 in, no bias; Linear "5": 3 out, 3 (+1) in
+    assert aug.nbytes() == 8 * (tri(10) + tri(2) + tri(32) + tri(3) + tri(4) + tri(3))
+    assert sep.nbytes() == 8 * (tri(9) + 1 + tri(2) + tri(32) + tri(3) + tri(3) + 1 + tri(3))
+    assert sep.nbytes(symmetric=False) == 8 * (81 + 1 + 4 + 1024 + 9 + 9 + 1 + 9)

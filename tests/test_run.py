@@ -66,6 +66,7 @@ def test_zero_epochs_evaluates_initial_model(tmp_path):
     (["num_clients=100000"], "clients"),
     (["local.lr=-1"], "local.lr"),
     (["hardware.device=cuda:7"], "device"),
+    (["hardware.num_threads=0"], "num_threads"),
 ])
 def test_bad_input_one_line_no_record(tmp_path, args, needle):
     p = run(SMALL + args, tmp_path, expect=2)

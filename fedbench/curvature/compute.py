@@ -1,7 +1,8 @@
 """``compute_curvature``: one entry point for every structure, Fisher type, scale and convention."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,7 @@ def _check(kind: str, value, allowed: Sequence[str]) -> None:
 def compute_curvature(model: nn.Module, x: Tensor, y: Tensor, *, structure: str, fisher: str = "empirical",
                       scale: str = "mean", conv_convention: str = "expand", bias_augment: bool = True,
                       batch_size: int = 256, mc_samples: int = 1, generator: Optional[torch.Generator] = None,
-                      loss: str = "auto", backend: str = "auto") -> Curvature:
+                      loss: str = "auto", backend: str = "auto", train_mode: bool = False) -> Curvature:
     """Curvature of the model's negative log-likelihood on (x, y) at the current weights.
 
     structure: "diag" | "kfac" | "full" | "layer_blocks" | "diag_lastlayer_full".
@@ -46,13 +47,40 @@ def compute_curvature(model: nn.Module, x: Tensor, y: Tensor, *, structure: str,
         own block (A = the convention's scalar for a constant input, G shared with the weight).
     batch_size: samples per chunk (memory only; results do not depend on it).
     loss: "auto" | "ce" | "bce" | "mse" (see ``likelihood.resolve_loss``).
-    backend: "auto" (hooks when every trainable parameter is in Linear/Conv2d, else torch.func;
-        K-FAC with the expand/reduce conventions and fisher empirical/mc/ggn goes through curvlinops
-        only when asked with "curvlinops"), "hooks", "func" (non-K-FAC structures), "curvlinops" (kfac).
+    backend: "auto" = "hooks" when every trainable parameter is in Linear/Conv2d, else "func"
+        (torch.func; not for kfac); "curvlinops" = K-FAC through curvlinops 3.0.1 (conventions
+        expand / reduce; fisher empirical / mc / ggn / true). The hooks K-FAC equals curvlinops' to
+        float64 round-off in the tests and is faster (curvlinops builds the type-2 square roots
+        sample by sample), so "auto" does not route through curvlinops; MC labels differ between
+        the two (each draws its own).
 
-    The model's train/eval mode is left as it is (the fedbench models have no dropout/BN that would
-    care); computations run in the parameters' dtype and device; ``x``/``y`` are moved there.
+    train_mode: evaluate the model in train mode (dropout active) instead of the default eval mode;
+        the modules' modes are restored afterwards. (No fedbench model has BatchNorm; only dropout
+        differs, and the papers' Fisher passes run on dropout-free models.)
+
+    Computations run in the parameters' dtype and device; ``x``/``y`` are moved there.
+    The wall time (synchronised on CUDA) is recorded in ``result.meta["seconds"]`` (for the run
+    record's ``timing.curvature_s``).
     """
+    t0 = time.perf_counter()
+    modes = [(m, m.training) for m in model.modules()]
+    model.train(bool(train_mode))
+    try:
+        out = _compute(model, x, y, structure=structure, fisher=fisher, scale=scale,
+                       conv_convention=conv_convention, bias_augment=bias_augment, batch_size=batch_size,
+                       mc_samples=mc_samples, generator=generator, loss=loss, backend=backend)
+    finally:
+        for m, t in modes:
+            m.training = t
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    out.meta["seconds"] = time.perf_counter() - t0
+    out.meta.setdefault("backend", backend)
+    return out
+
+
+def _compute(model, x, y, *, structure, fisher, scale, conv_convention, bias_augment, batch_size, mc_samples,
+             generator, loss, backend) -> Curvature:
     _check("structure", structure, STRUCTURES)
     _check("fisher type", fisher, FISHER_TYPES)
     _check("scale", scale, SCALES)

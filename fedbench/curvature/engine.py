@@ -4,8 +4,9 @@
   ``nn.Conv2d``): one batched forward with forward hooks that keep each layer's input and output,
   then, for each column k of V, one batched ``autograd.grad`` from the logits to all layer outputs.
   With δ = ∂(f·v_k)/∂(layer output) at every location s and the layer's input patches a_s
-  (``F.unfold`` for convolutions), the per-sample weight gradient is Σ_s δ_s a_sᵀ, so diagonals,
-  K-FAC factors and per-sample gradients are batched matrix products: no per-sample Python loop.
+  (unfolded convolution inputs, from a strided view), the per-sample weight gradient is
+  Σ_s δ_s a_sᵀ, so diagonals, K-FAC factors and per-sample gradients are batched matrix products:
+  no per-sample Python loop. ``autograd.grad`` w.r.t. the layer outputs skips all weight gradients.
 * ``func`` (any model): ``torch.func.functional_call`` + ``vmap(grad)`` per sample and per column,
   or ``vmap(jacrev)`` per-sample Jacobians contracted with the output-space factor (GGN). Slower
   and memory-hungry (materialises [N, K, P] per chunk); the reference the tests compare against.
@@ -15,7 +16,6 @@ by ``batch_size``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -278,7 +278,11 @@ class KFACHooks(HooksConsumer):
       nngeometry A +=        Σ_s ā āᵀ        G += (1/S) Σ_k Σ_s δ δᵀ
       reduce     A += ā̄ ā̄ᵀ, ā̄ = mean_s ā     G += Σ_k ĝ ĝᵀ, ĝ = Σ_s δ
     (S = 1 for Linear layers on [N, d] inputs, where all four coincide.) The augmented A is
-    assembled from Σ a aᵀ, Σ a and Σ 1 (no concatenated copy of the patches).
+    assembled from Σ a aᵀ, Σ a and Σ 1 (no concatenated copy of the patches). expand, fedlpa_kfc
+    and nngeometry give the same A ⊗ G (the S moves between the factors), which matters once
+    FedLPA damps the factors separately. nngeometry additionally stores A·√C and G/√C; that
+    cosmetic rescaling cancels in A ⊗ G and in FedFisher's use (products, scale-invariant
+    quantisation) and is not reproduced.
     """
 
     def __init__(self, layers: Sequence[Layer], convention: str):

@@ -22,7 +22,7 @@ current weights). :class:`OnlineDiagFisherHook` adapts this to the training engi
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn

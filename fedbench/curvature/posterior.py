@@ -35,7 +35,7 @@ from torch import Tensor
 
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.structures import (Curvature, DenseCurvature, DiagCurvature, DiagLastLayerFullCurvature,
-                                           KFACCurvature, KronBlock, LayerBlocksCurvature, sym_count)
+                                           KFACCurvature, KronBlock, LayerBlocksCurvature, kron_values, sym_count)
 from fedbench.errors import FedbenchError
 
 MeanLike = Union[Tensor, Mapping[str, Tensor], nn.Module]
@@ -204,10 +204,7 @@ class KronGaussian(Gaussian):
         return tot
 
     def _precision_values(self, symmetric):
-        out = []
-        for b in self.blocks:
-            out += [(sym_count(b.d_in, symmetric), b.A), (sym_count(b.d_out, symmetric), b.G)]
-        return out
+        return kron_values(self.blocks, symmetric)
 
 
 class DenseGaussian(Gaussian):

@@ -17,8 +17,8 @@ Laplace likelihood precision); :meth:`Curvature.scaled` multiplies by a number (
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -227,6 +227,18 @@ class KronBlock:
         return K[p][:, p]
 
 
+def kron_values(blocks: Iterable[KronBlock], symmetric: bool) -> List[Tuple[int, Tensor]]:
+    """Stored values of K-FAC factors: A and G per block, G once per module (a bias kept in its own
+    block shares the weight's G)."""
+    out, seen = [], set()
+    for b in blocks:
+        out.append((sym_count(b.d_in, symmetric), b.A))
+        if b.module not in seen:
+            out.append((sym_count(b.d_out, symmetric), b.G))
+            seen.add(b.module)
+    return out
+
+
 class KFACCurvature(Curvature):
     """Per-layer Kronecker factors, ``blocks`` keyed by module name (``<module>.bias`` for a bias
     kept in its own block). ``convention`` is the conv scaling the factors follow (for Linear layers
@@ -275,10 +287,7 @@ class KFACCurvature(Curvature):
         return D
 
     def _values(self, symmetric):
-        out = []
-        for b in self.blocks.values():
-            out += [(sym_count(b.d_in, symmetric), b.A), (sym_count(b.d_out, symmetric), b.G)]
-        return out
+        return kron_values(self.blocks.values(), symmetric)
 
     def _tensors(self):
         return [t for b in self.blocks.values() for t in (b.A, b.G)]
