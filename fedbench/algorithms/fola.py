@@ -55,7 +55,7 @@ FISHER_NORMALIZE = ("steps", "none")
 FISHER_GRADIENTS = ("task", "total")
 
 FOLA_DEFAULTS: Dict[str, Any] = {
-    "lambda_prior": 100.0, "prior_grad": "live", "prior_init_precision": 0.0, "round_scaling": "paper",
+    "lambda_prior": 1.0, "prior_grad": "live", "prior_init_precision": 0.0, "round_scaling": "paper",
     "aggregation": "product", "agg_eps": 1e-5, "agg_eps_mode": "denominator",
 }
 FISHER_DEFAULTS: Dict[str, Any] = {
@@ -164,7 +164,20 @@ def offline_diag_fisher(setup, worker: torch.nn.Module, params: Params, client_i
                         normalize: str = "none", chunk_size: int = 256) -> Params:
     """One pass over the client's data at ``params`` (FOLA-offline / FedCurv, §1.7, §2): per-sample squares
     (the exact diagonal empirical Fisher, mean over samples) or the code's Σ_b (|b|/N) g_b² over minibatches
-    of local.batch_size (``normalize: steps`` averages over the batches instead)."""
+    of local.batch_size (``normalize: steps`` averages over the batches instead).
+
+    Cached with the client stage when the round's local training is (``FLSetup.cached``)."""
+    def compute():
+        return {"fisher": _offline_diag_fisher(setup, worker, params, client_id, grad, normalize, chunk_size)}
+
+    cached = getattr(setup, "cached", None)
+    if cached is None:
+        return compute()["fisher"]
+    parts = {"grad": grad, "normalize": normalize if grad == "minibatch_sq" else "mean"}
+    return cached("offline_diag_fisher", client_id, parts, compute)["fisher"]
+
+
+def _offline_diag_fisher(setup, worker, params, client_id, grad, normalize, chunk_size) -> Params:
     idx = setup.client_indices[client_id]
     n = len(idx)
     _load(worker, params)
@@ -335,6 +348,15 @@ class FOLA(Algorithm):
 
     def downlink(self, state):
         return {"params": state["params"], "precision": state["precision"]}
+
+    def client_stage_key(self, round_idx):
+        """Round-1 clients of FOLA-offline train plainly (ω_S = 0 or no live prior), so they share the
+        cached FedAvg clients and cache their offline Fisher beside them. The online Fisher is
+        accumulated during training and cannot be recovered from cached weights: not cacheable."""
+        if self.fisher_mode != "offline" or round_idx != 1:
+            return None
+        plain = self.prior_grad != "live" or self.lam == 0 or self.gamma == 0
+        return {} if plain else None
 
     def _prior_active(self, state, round_idx) -> bool:
         return (self.prior_grad == "live" and prior_coefficient(self.lam, round_idx, self.round_scaling) > 0

@@ -1,0 +1,168 @@
+"""FedCurv (Shoham et al. 2019), as FOLA's code runs it and as originally proposed (fola.md §2).
+
+``variant: fola_code`` (FOLA's ``cnn_curv.py``): after local training each client computes an offline
+diagonal Fisher ω_n (one pass at its trained weights); the server averages μ_S = Σ π_n θ_n (FedAvg)
+and ω_S = Σ π_n ω_n; the next round's local loss is  mean task loss + λ · (0.5/r) · Σ ω_S (θ − μ_S)²
+(``round_factor: inverse_round``; ``none`` drops the 1/r). Round 1 has ω_S = 0, i.e. plain training.
+
+``variant: original`` (Shoham et al.): client n penalises with every other client's previous-round
+weights θ̂_j and Fisher F_j,  λ · Σ_{j≠n} Σ_i F_{j,i} (θ_i − θ̂_{j,i})²  (no ½, unweighted sum), written
+as λ Σ (A_n θ² − 2 B_n θ + C_n) with A_n = Σ_{j≠n} F_j, B_n = Σ_{j≠n} F_j θ̂_j, C_n = Σ_{j≠n} F_j θ̂_j²
+(the server keeps the sums and subtracts each client's own share, as the paper's implementation does).
+Aggregation is FedAvg.
+
+``prior_grad: live`` (default) lets the penalty's gradient flow; ``detached_as_released`` is the released
+code, whose penalty reads a detached ``state_dict()`` and so trains like FedAvg (§2). Gradient clipping at
+10 (the code) is a local-training setting (``local.clip_grad_norm``) that presets set. Fisher per step:
+``fisher.grad: per_sample_sq`` (the diagonal empirical Fisher) or ``minibatch_sq`` (the code's
+Σ_b (|b|/N) g_b² over minibatches of local.batch_size). Uplink: θ_n and its Fisher (2 × the model).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional
+
+import torch
+from torch import Tensor
+
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.fola import (FISHER_GRADS, check_keys, choice, client_weights, nonneg,
+                                      offline_diag_fisher, weighted_mean)
+from fedbench.errors import FedbenchError
+from fedbench.train.engine import LocalObjective
+from fedbench.train.terms import QuadraticPriorTerm
+
+Params = Dict[str, Tensor]
+
+VARIANTS = ("fola_code", "original")
+ROUND_FACTORS = ("inverse_round", "none")
+PRIOR_GRADS = ("live", "detached_as_released")
+FEDCURV_DEFAULTS: Dict[str, Any] = {"variant": "fola_code", "lambda_prior": 1.0, "prior_grad": "live",
+                                    "round_factor": "inverse_round", "fisher": None}
+FISHER_DEFAULTS: Dict[str, Any] = {"grad": "per_sample_sq", "chunk_size": 256}
+
+
+def fola_code_penalty(params: Params, mean: Params, precision: Params, lam: float, round_idx: int,
+                      round_factor: str = "inverse_round") -> Tensor:
+    """λ · (0.5/r) · Σ ω_S (θ − μ_S)² (or λ · 0.5 · Σ … with round_factor "none")."""
+    scale = lam / round_idx if round_factor == "inverse_round" else lam
+    return QuadraticPriorTerm(scale)(params, {"prior_mean": mean, "prior_precision": precision})
+
+
+def original_penalty_reference(params: Params, anchors, fishers, client: int, lam: float) -> Tensor:
+    """λ Σ_{j≠n} Σ_i F_{j,i} (θ_i − θ̂_{j,i})², the definition (a loop over the other clients)."""
+    out = 0.0
+    for j, (a, f) in enumerate(zip(anchors, fishers)):
+        if j == client or a is None:
+            continue
+        out = out + sum((f[n] * (p - a[n]) ** 2).sum() for n, p in params.items())
+    return lam * out
+
+
+class OriginalFedCurvTerm:
+    """λ Σ (A θ² − 2 B θ) + λ C with ctx['curv_a'], ctx['curv_b'] params-shaped and ctx['curv_c'] a scalar."""
+
+    def __init__(self, lam: float):
+        self.lam = float(lam)
+
+    def __call__(self, params: Params, ctx: dict) -> Tensor:
+        a, b = ctx["curv_a"], ctx["curv_b"]
+        quad = sum((a[n] * p * p - 2.0 * b[n] * p).sum() for n, p in params.items())
+        return self.lam * (quad + ctx["curv_c"])
+
+
+def original_context(sums: Dict[str, Any], own_fisher: Optional[Params], own_anchor: Optional[Params]) -> dict:
+    """A_n, B_n, C_n for one client from the server's sums minus the client's own share."""
+    if own_fisher is None:
+        return {"curv_a": sums["a"], "curv_b": sums["b"], "curv_c": sums["c"]}
+    a = {n: sums["a"][n] - own_fisher[n] for n in own_fisher}
+    b = {n: sums["b"][n] - own_fisher[n] * own_anchor[n] for n in own_fisher}
+    c = sums["c"] - sum((own_fisher[n] * own_anchor[n] ** 2).sum() for n in own_fisher)
+    return {"curv_a": a, "curv_b": b, "curv_c": c}
+
+
+@ALGORITHMS.register("fedcurv")
+class FedCurv(Algorithm):
+    name = "fedcurv"
+
+    def __init__(self, cfg, setup):
+        super().__init__(cfg, setup)
+        c = self.cfg
+        check_keys(c, list(FEDCURV_DEFAULTS), "algorithm (fedcurv)")
+        fisher = dict(c.get("fisher") or {})
+        check_keys(fisher, list(FISHER_DEFAULTS), "algorithm.fisher (fedcurv)")
+        g = lambda k: c.get(k, FEDCURV_DEFAULTS[k])  # noqa: E731
+        self.variant = choice(g("variant"), VARIANTS, "algorithm.variant")
+        self.lam = nonneg(g("lambda_prior"), "algorithm.lambda_prior")
+        self.prior_grad = choice(g("prior_grad"), PRIOR_GRADS, "algorithm.prior_grad")
+        self.round_factor = choice(g("round_factor"), ROUND_FACTORS, "algorithm.round_factor")
+        self.fisher_grad = choice(fisher.get("grad", FISHER_DEFAULTS["grad"]), FISHER_GRADS, "algorithm.fisher.grad")
+        chunk = fisher.get("chunk_size", FISHER_DEFAULTS["chunk_size"])
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise FedbenchError(f"algorithm.fisher.chunk_size must be an integer >= 1, got {chunk!r}")
+        self.chunk = chunk
+        self._worker = copy.deepcopy(setup.model) if setup is not None else None
+
+    # server
+    def init_state(self, params):
+        zeros = {n: torch.zeros_like(t) for n, t in params.items()}
+        if self.variant == "fola_code":
+            return {"params": params, "precision": zeros}
+        k = self.setup.num_clients
+        return {"params": params, "fishers": [None] * k, "anchors": [None] * k,
+                "sums": {"a": zeros, "b": dict(zeros), "c": torch.zeros((), dtype=next(iter(params.values())).dtype,
+                                                                       device=next(iter(params.values())).device)}}
+
+    def downlink(self, state):
+        if self.variant == "fola_code":
+            return {"params": state["params"], "precision": state["precision"]}
+        return {"params": state["params"], "a": state["sums"]["a"], "b": state["sums"]["b"]}
+
+    def client_stage_key(self, round_idx):
+        return {} if round_idx == 1 else None   # no penalty in round 1: plain training (shares FedAvg's clients)
+
+    # client
+    def local_objective(self, state, client_ids, round_idx):
+        if self.prior_grad != "live" or self.lam == 0 or round_idx <= 1:
+            return LocalObjective()
+        if self.variant == "fola_code":
+            if not any(bool((t != 0).any()) for t in state["precision"].values()):
+                return LocalObjective()
+            scale = self.lam / round_idx if self.round_factor == "inverse_round" else self.lam
+            return LocalObjective(terms=[QuadraticPriorTerm(scale)],
+                                  shared_ctx={"prior_mean": state["params"], "prior_precision": state["precision"]})
+        if all(f is None for f in state["fishers"]):
+            return LocalObjective()
+        ctx = [original_context(state["sums"], state["fishers"][k], state["anchors"][k]) for k in client_ids]
+        return LocalObjective(terms=[OriginalFedCurvTerm(self.lam)], client_ctx=ctx)
+
+    def client_message(self, client_id, params, result, pos, state, round_idx):
+        fisher = offline_diag_fisher(self.setup, self._worker, params, client_id, grad=self.fisher_grad,
+                                     normalize="none", chunk_size=self.chunk)
+        fisher = {n: fisher[n].to(params[n].dtype) for n in params}
+        n = len(self.setup.client_indices[client_id])
+        return Message(client_id, n, {"params": params, "fisher": fisher},
+                       {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
+
+    def aggregate(self, messages, state, round_idx):
+        w = client_weights(messages)
+        mu = weighted_mean([m.payload["params"] for m in messages], w)
+        if self.variant == "fola_code":
+            omega = weighted_mean([m.payload["fisher"] for m in messages], w)
+            return {**state, "params": mu, "precision": omega}
+        fishers, anchors = list(state["fishers"]), list(state["anchors"])
+        for m in messages:
+            fishers[m.client_id] = m.payload["fisher"]
+            anchors[m.client_id] = m.payload["params"]
+        ref = state["sums"]["a"]
+        a = {n: torch.zeros_like(t) for n, t in ref.items()}
+        b = {n: torch.zeros_like(t) for n, t in ref.items()}
+        c = torch.zeros_like(state["sums"]["c"])
+        for f, th in zip(fishers, anchors):
+            if f is None:
+                continue
+            for n in a:
+                a[n] = a[n] + f[n]
+                b[n] = b[n] + f[n] * th[n]
+                c = c + (f[n] * th[n] ** 2).sum()
+        return {**state, "params": mu, "fishers": fishers, "anchors": anchors, "sums": {"a": a, "b": b, "c": c}}
