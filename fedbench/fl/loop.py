@@ -38,6 +38,7 @@ class FLSetup:
     stage_parts: Optional[Dict[str, Any]] = None   # what determines the client stage (data, split, model, local, seed)
     extras: Dict[str, Any] = field(default_factory=dict)
     current_stage: Optional[Dict[str, Any]] = None  # key parts of this round's client stage if it is cacheable
+    server_val: Optional[tuple] = None    # (normalised inputs, labels) of the server's validation set, or None
 
     @property
     def num_clients(self) -> int:
@@ -49,6 +50,18 @@ class FLSetup:
             return compute()
         full = {**self.current_stage, "product": name, "client": int(client_id), "params": parts}
         return self.cache.get_or_compute(full, compute, self.device)
+
+    def require_server_val(self, method: str) -> None:
+        """Called from a method's __init__ (before training) when it needs server validation data."""
+        if self.server_val is None:
+            from fedbench.errors import FedbenchError
+            raise FedbenchError(f"{method} needs a server validation set: set server_val.size (the papers use 500)")
+
+    def val_metrics(self, params) -> Dict[str, float]:
+        """Metrics of ``params`` (one dict or an ensemble list) on the server validation set."""
+        x, y = self.server_val
+        return evaluate(self.model, params, lambda idx: x[idx.to(x.device)], y, task=self.task, batch_size=self.eval_batch_size,
+                        n_bins=self.ece_bins)
 
     def client_data(self, client_id: int):
         """(inputs, targets) of one client's training data, normalised, on the device (no augmentation)."""
