@@ -217,6 +217,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
         history.append(row)
         logger.log_round(row)
 
+    from fedbench.curvature.compute import curvature_seconds
+    curv_t0 = curvature_seconds()
     status, error = "failed", None
     try:
         _, logs = run_rounds(setup, algo, init_params, int(cfg.rounds), eval_every=int(cfg.eval.every),
@@ -253,6 +255,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                        "client_train_s": sum(h["client_train_s"] for h in history),
                        "client_post_s": sum(h["client_post_s"] for h in history),
                        "server_s": sum(h["server_s"] for h in history),
+                       "curvature_s": curvature_seconds() - curv_t0,
                        "eval_s": sum(h["eval_s"] for h in history)},
             "rounds_completed": len(history),
             "environment": {"device": str(device), "backend": backend, "torch": torch.__version__,

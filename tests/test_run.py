@@ -37,6 +37,7 @@ def test_end_to_end_record_history_and_skip(tmp_path):
         assert isinstance(rec["metrics"][key], float)
     for key in ("total_s", "client_train_s", "server_s"):
         assert rec["timing"][key] >= 0
+    assert rec["timing"]["curvature_s"] == 0.0     # FedAvg computes no curvature
     assert sum(rec["partition"]["client_sizes"]) == 600 and len(rec["partition"]["client_sizes"]) == 3
     assert [sum(c) for c in rec["partition"]["client_label_counts"]] == rec["partition"]["client_sizes"]
     assert rec["communication"]["uplink_bytes"] == 2 * 3 * 4 * rec["model"]["num_parameters"]
@@ -89,3 +90,10 @@ def test_aggregator_list_reuses_clients_one_record_each(tmp_path):
     assert "skipped" in p.stdout
     p = run(SMALL + ["rounds=1", "aggregators=[fedavg,nosuchalg]"], tmp_path, expect=2)
     assert "not implemented yet" in p.stderr and "nosuchalg" in p.stderr
+
+
+def test_curvature_time_is_recorded(tmp_path):
+    run(SMALL + ["rounds=1", "algorithm=fedlap_cov", "cache=false"], tmp_path)
+    (rec_path,) = records(tmp_path)
+    rec = json.loads(rec_path.read_text())
+    assert 0 < rec["timing"]["curvature_s"] <= rec["timing"]["client_post_s"]

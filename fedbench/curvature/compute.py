@@ -76,7 +76,17 @@ def compute_curvature(model: nn.Module, x: Tensor, y: Tensor, *, structure: str,
         torch.cuda.synchronize(out.device)
     out.meta["seconds"] = time.perf_counter() - t0
     out.meta.setdefault("backend", backend)
+    _SECONDS[0] += out.meta["seconds"]
     return out
+
+
+_SECONDS = [0.0]
+
+
+def curvature_seconds() -> float:
+    """Wall seconds spent in ``compute_curvature`` by this process so far (the runner records the
+    difference over a run as ``timing.curvature_s``; curvature served from the cache costs nothing)."""
+    return _SECONDS[0]
 
 
 def _compute(model, x, y, *, structure, fisher, scale, conv_convention, bias_augment, batch_size, mc_samples,
