@@ -61,7 +61,10 @@ def main():
     args = ap.parse_args()
 
     dev = torch.device(args.device)
-    data = load_dataset(args.dataset, args.data_root)
+    if args.dataset.startswith("synthetic:"):   # e.g. synthetic:fmnist — same shape, random pixels (timing only)
+        data = load_dataset("synthetic", args.data_root, like=args.dataset.split(":", 1)[1])
+    else:
+        data = load_dataset(args.dataset, args.data_root)
     parts = make_partition("noniid-labeldir", np.asarray(data.train_y), args.clients, args.seed, beta=args.beta)
     data = data.to(dev)
     td = TrainData(data.train_x, data.train_y, data.mean, data.std)
