@@ -81,6 +81,21 @@ class Algorithm:
     def start_params(self, state: Dict[str, Any], client_ids: Sequence[int]) -> Params | List[Params]:
         return state["params"]
 
+    # --- several local trainings per client (FedBEns' M members; default: one) ----------
+    def num_members(self, round_idx: int) -> int:
+        """Trainings per client this round. With M > 1, member 0 starts from ``start_params`` (so it
+        is the plain training), member m ≥ 1 from ``member_start_params``, and ``client_message``
+        receives ``params`` and ``result`` as lists over members."""
+        return 1
+
+    def member_start_params(self, state: Dict[str, Any], client_ids: Sequence[int], member: int,
+                            round_idx: int) -> Params | List[Params]:
+        raise NotImplementedError
+
+    def member_key(self, member: int) -> Any:
+        """What identifies member m ≥ 1's start in the client-stage cache key (its init rule)."""
+        return member
+
     def local_objective(self, state: Dict[str, Any], client_ids: Sequence[int], round_idx: int) -> LocalObjective:
         return LocalObjective()
 

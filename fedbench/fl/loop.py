@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -100,9 +101,14 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
             down = tensor_bytes(algo.downlink(state)) * setup.num_clients
             t0 = time.perf_counter()
 
-            def train():
-                return train_clients(setup.model, setup.train, setup.client_indices, algo.start_params(state, ids),
-                                     setup.local, objective=algo.local_objective(state, ids, r), seed=setup.seed,
+            n_mem = int(algo.num_members(r))
+
+            def train(m: int = 0):
+                # member 0 = the plain training; member m >= 1: the algorithm's m-th start, own shuffling seed
+                start = algo.start_params(state, ids) if m == 0 else algo.member_start_params(state, ids, m, r)
+                return train_clients(setup.model, setup.train, setup.client_indices, start,
+                                     setup.local, objective=algo.local_objective(state, ids, r),
+                                     seed=setup.seed if m == 0 else member_seed(setup.seed, m),
                                      round_idx=r, client_ids=ids, backend=setup.backend,
                                      conv_strategy=setup.conv_strategy, progress=bar)
 
@@ -111,17 +117,28 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
                          and stage_key is not None)
             setup.current_stage = ({**setup.stage_parts, "round": r, "local_objective": stage_key}
                                    if cacheable else None)
-            cached = False
-            if cacheable:
-                hits = setup.cache.hits
-                payload = setup.cache.get_or_compute({**setup.current_stage, "product": "local_training"},
-                                                     lambda: _result_payload(train()), setup.device)
-                result = TrainResult(payload["params"], payload["steps"], payload["mean_loss"], payload["seconds"])
-                cached = setup.cache.hits > hits
-            else:
-                result = train()
+            if n_mem > 1:
+                bar.total += (n_mem - 1) * max(epochs, 0) * setup.num_clients
+            results, cached = [], cacheable
+            for m in range(n_mem):
+                if cacheable:
+                    hits = setup.cache.hits
+                    key = {**setup.current_stage, "product": "local_training"}
+                    if m > 0:   # member 0's key is the plain training's: shared with every other method
+                        key["member"] = algo.member_key(m)
+                    payload = setup.cache.get_or_compute(key, lambda: _result_payload(train(m)), setup.device)
+                    results.append(TrainResult(payload["params"], payload["steps"], payload["mean_loss"],
+                                               payload["seconds"]))
+                    cached = cached and setup.cache.hits > hits
+                else:
+                    results.append(train(m))
+            result = results[0]
             t1 = time.perf_counter()
-            messages = [algo.client_message(cid, result.params[i], result, i, state, r) for i, cid in enumerate(ids)]
+            if n_mem == 1:
+                messages = [algo.client_message(cid, result.params[i], result, i, state, r) for i, cid in enumerate(ids)]
+            else:   # a client's M trained weight dicts and results, as lists over members
+                messages = [algo.client_message(cid, [res.params[i] for res in results], results, i, state, r)
+                            for i, cid in enumerate(ids)]
             t2 = time.perf_counter()
             state = algo.aggregate(messages, state, r)
             t3 = time.perf_counter()
@@ -151,6 +168,11 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
     finally:
         bar.close()
     return state, logs
+
+
+def member_seed(seed: int, member: int) -> int:
+    """Run seed of member m >= 1's local training (data order): a hash of (seed, member)."""
+    return int(np.random.SeedSequence([int(seed), 1_000_003, int(member)]).generate_state(1)[0])
 
 
 def _result_payload(res: TrainResult) -> Dict[str, Any]:
