@@ -4,7 +4,8 @@
     python scripts/reproduce.py experiment=fedlpa/table6 profile=quick dataset=fmnist
     make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
 
-On a cluster use scripts/submit.py with the same overrides, then scripts/collect.py.
+On a cluster use scripts/submit.py with the same overrides, then scripts/collect.py (tables) and
+scripts/plot.py (figures). Multi-round tables also get their accuracy-over-rounds figure here.
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def main(argv=None) -> int:
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
         path = collect(args.overrides, out_root, Path("results") / "tables")
         print(f"table written: {path}")
+        from fedbench.results.figures import plot_table
+        try:
+            print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures')}")
+        except FedbenchError as e:
+            print(f"no figure: {e}")
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2
