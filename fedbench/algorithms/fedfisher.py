@@ -1,0 +1,499 @@
+"""FedFisher(Diag) and FedFisher(K-FAC) (Jhunjhunwala, Wang & Joshi, AISTATS 2024; notes/fedfisher.md).
+
+Clients train plainly (sharing the cached FedAvg clients), then compute the TRUE Fisher at their
+trained weights over their whole local set, averaged over samples (§1.3: nngeometry
+``classif_logits`` = exact expectation over the predicted classes; K-FAC in nngeometry's conv
+convention), cached beside the client stage so every aggregator reuses it.
+
+Server (§1.4–1.5), with p_i = n_i / n:
+    minimise  ½ Σ_i p_i (w − W_i)ᵀ F_i (w − W_i)        gradient g(w) = Σ_i p_i F_i w − b,  b = Σ_i p_i F_i W_i
+    from w⁰ = Σ_i p_i W_i, ``steps`` iterations of
+      adam_code   m ← g + β1 m;  v ← g² + β2 v;  w ← w − lr·m/(√v + ε)  (Diag)  or  m/√(v + ε)  (K-FAC)
+                  (the released code: no bias correction, no (1 − β) factors; ε placement per variant)
+      adam_torch  torch.optim.Adam(lr, (β1, β2), ε)  (the paper's literal "Adam")
+      gd          w ← w − lr·g, lr = 1/λ_max(Σ p_i F_i) by default (Lemma 1: converges to the
+                  minimum-distance solution w⁰ + F⁺(b − F w⁰))
+    Validation accuracy after every step k with k % eval_every == 0 (k = 0, 100, ..., as the code);
+    the best (strictly better) iterate is the answer (``select: val_accuracy``), or the last iterate.
+K-FAC products are per layer G·M·A on the layer matrix M (never a dense Kronecker product).
+
+Compression (§1.6, App. C; ``compression: true`` as the code): weights and the diagonal Fisher are
+16-bit quantised per tensor; K-FAC factors are SVD-truncated to one global rank (the code's
+⌊2d/Σ(2a+2g+2)⌋ = the paper's 16d-bit budget at 8 bits) with U, S, Vh quantised (255 levels as the
+code, counted as 9 bits; ``factor_levels: paper`` = 127 levels, exactly 8 bits). The message carries
+the encoded tensors (so the uplink bytes are the compressed sizes) and the server decodes them;
+b is built from the decoded factors and weights, so the system is self-consistent (§1.6 [C]).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from numbers import Real
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from fedbench.algorithms import compression as C
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.errors import FedbenchError
+
+Params = Dict[str, Tensor]
+
+OPTIMIZERS = ("adam_code", "adam_torch", "gd")
+SELECTS = ("val_accuracy", "last")
+FISHERS = ("true", "mc", "empirical")
+WEIGHTINGS = ("num_samples", "uniform")
+
+
+# --------------------------------------------------------------------------------------------------
+# config validation (one-line FedbenchError from __init__)
+# --------------------------------------------------------------------------------------------------
+def cfg_num(cfg, key, default, *, positive=False, nonneg=False, allow_none=False):
+    val = cfg.get(key, default)
+    if val is None and allow_none:
+        return None
+    if isinstance(val, bool) or not isinstance(val, Real) or not math.isfinite(float(val)):
+        raise FedbenchError(f"algorithm.{key} must be a finite number, got {val!r}")
+    val = float(val)
+    if (positive and not val > 0) or (nonneg and val < 0):
+        raise FedbenchError(f"algorithm.{key} must be {'> 0' if positive else '>= 0'}, got {val}")
+    return val
+
+
+def cfg_int(cfg, key, default, *, minimum=0):
+    val = cfg.get(key, default)
+    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
+        raise FedbenchError(f"algorithm.{key} must be an integer >= {minimum}, got {val!r}")
+    return int(val)
+
+
+def cfg_choice(cfg, key, default, allowed):
+    val = cfg.get(key, default)
+    if val not in allowed:
+        raise FedbenchError(f"algorithm.{key} must be one of {', '.join(map(str, allowed))}, got {val!r}")
+    return val
+
+
+def cfg_bool(cfg, key, default):
+    val = cfg.get(key, default)
+    if not isinstance(val, bool):
+        raise FedbenchError(f"algorithm.{key} must be true or false, got {val!r}")
+    return val
+
+
+def fisher_name(val):
+    """YAML / Hydra read a bare ``true`` as a boolean: it means the true Fisher."""
+    return "true" if val is True else val
+
+
+def check_keys(cfg, keys, name):
+    unknown = sorted(set(cfg) - set(keys) - {"name"})
+    if unknown:
+        raise FedbenchError(f"unknown algorithm key(s) {unknown} for {name}; known: {sorted(keys)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# client-side Fisher (cached with the client stage)
+# --------------------------------------------------------------------------------------------------
+class FisherClient:
+    """Computes a client's Fisher at its trained weights on its whole local set (no augmentation),
+    mean over samples (§1.3), through ``setup.cached`` so all aggregators share it."""
+
+    def __init__(self, setup, fisher: str = "true", batch_size: int = 64, conv_convention: str = "nngeometry"):
+        self.setup = setup
+        self.fisher = fisher
+        self.batch_size = batch_size
+        self.conv_convention = conv_convention
+        self._worker = None
+
+    def _load(self, params: Params):
+        if self._worker is None:
+            self._worker = copy.deepcopy(self.setup.model)
+        with torch.no_grad():
+            for n, p in self._worker.named_parameters():
+                p.copy_(params[n])
+        return self._worker
+
+    def _data(self, client_id):
+        idx = self.setup.client_indices[client_id]
+        return self.setup.train.inputs(idx), self.setup.train.targets(idx)
+
+    def _gen(self, client_id, round_idx):
+        if self.fisher != "mc":
+            return None
+        dev = self.setup.device if isinstance(self.setup.device, torch.device) else torch.device(self.setup.device)
+        g = torch.Generator(device=dev)
+        g.manual_seed(int(self.setup.seed) * 1_000_003 + 7919 * int(client_id) + int(round_idx))
+        return g
+
+    def parts(self, structure):
+        p = {"structure": structure, "fisher": self.fisher, "scale": "mean"}
+        if structure == "kfac":
+            p["conv_convention"] = self.conv_convention
+        return p
+
+    def diag(self, client_id: int, params: Params, round_idx: int = 1) -> Params:
+        def compute():
+            from fedbench.curvature import compute_curvature
+            if len(self.setup.client_indices[client_id]) == 0:
+                return {"F": {n: torch.zeros_like(t) for n, t in params.items()}}
+            x, y = self._data(client_id)
+            curv = compute_curvature(self._load(params), x, y, structure="diag", fisher=self.fisher, scale="mean",
+                                     batch_size=self.batch_size, generator=self._gen(client_id, round_idx))
+            return {"F": {n: curv.diag[n].detach().to(params[n].dtype) for n in params}}
+        return self.setup.cached("fedfisher_fisher_diag", client_id, self.parts("diag"), compute)["F"]
+
+    def kfac(self, client_id: int, params: Params, round_idx: int = 1) -> Dict[str, Dict[str, Tensor]]:
+        def compute():
+            from fedbench.curvature import compute_curvature
+            if len(self.setup.client_indices[client_id]) == 0:
+                return {"blocks": {s.module: {"A": torch.zeros(s.d_in, s.d_in), "G": torch.zeros(s.d_out, s.d_out)}
+                                   for s in kfac_specs(self.setup.model)}}
+            x, y = self._data(client_id)
+            curv = compute_curvature(self._load(params), x, y, structure="kfac", fisher=self.fisher, scale="mean",
+                                     conv_convention=self.conv_convention, bias_augment=True,
+                                     batch_size=self.batch_size, generator=self._gen(client_id, round_idx))
+            return {"blocks": {m: {"A": b.A.detach(), "G": b.G.detach()} for m, b in curv.blocks.items()}}
+        return self.setup.cached("fedfisher_fisher_kfac", client_id, self.parts("kfac"), compute)["blocks"]
+
+
+class _Spec:
+    """One K-FAC layer of the template: module name, parameter names/shapes, factor sides."""
+
+    def __init__(self, module, names, shapes, d_in, d_out):
+        self.module, self.names, self.shapes, self.d_in, self.d_out = module, names, shapes, d_in, d_out
+
+    def block(self, A: Tensor, G: Tensor):
+        from fedbench.curvature.structures import KronBlock
+        return KronBlock(self.module, self.names, self.shapes, A, G)
+
+
+def kfac_specs(model) -> List[_Spec]:
+    """Layer specs for K-FAC with the bias folded into A ([W | b], §1.3); raises a one-line error if
+    some trainable parameter is outside nn.Linear / nn.Conv2d."""
+    from fedbench.curvature.engine import find_layers
+    from fedbench.curvature.layout import ParamLayout
+    layout = ParamLayout.from_module(model)
+    layers, problems = find_layers(model, layout)
+    if problems:
+        raise FedbenchError(f"K-FAC needs every trainable parameter in nn.Linear / nn.Conv2d: {problems[0]}")
+    specs = []
+    for l in layers:
+        shapes = tuple(layout.shape(n) for n in l.names)
+        d_out = shapes[0][0]
+        d_in = int(torch.Size(shapes[0]).numel()) // d_out + (1 if l.bias is not None else 0)
+        specs.append(_Spec(l.name, l.names, shapes, d_in, d_out))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------------
+# encoding helpers (uplink payloads)
+# --------------------------------------------------------------------------------------------------
+def encode_params(params: Params, levels: Optional[int]) -> Dict[str, Any]:
+    """Per-tensor quantisation (the code's quantize_layer), or float32 when ``levels`` is None."""
+    if levels is None:
+        return {n: t.detach().float() for n, t in params.items()}
+    return {n: C.encode(t.detach(), levels) for n, t in params.items()}
+
+
+def decode_any(x, dtype=torch.float32) -> Tensor:
+    if isinstance(x, Tensor):
+        return x.to(dtype)
+    if "q" in x:
+        return C.decode(x, dtype)
+    return C.decode_lowrank(x, dtype)
+
+
+def decode_params(enc: Mapping[str, Any], dtype=torch.float32) -> Params:
+    return {n: decode_any(v, dtype) for n, v in enc.items()}
+
+
+def client_weights(messages: Sequence[Message], weighting: str) -> List[float]:
+    raw = [float(m.num_samples) if weighting == "num_samples" else 1.0 for m in messages]
+    s = sum(raw)
+    if s <= 0:
+        raise FedbenchError("all clients are empty: no data to aggregate")
+    return [r / s for r in raw]
+
+
+def weighted_sum(dicts: Sequence[Params], weights: Sequence[float]) -> Params:
+    return {n: sum(w * d[n] for w, d in zip(weights, dicts)) for n in dicts[0]}
+
+
+# --------------------------------------------------------------------------------------------------
+# server solver
+# --------------------------------------------------------------------------------------------------
+def adam_code_step(w: Params, g: Params, m: Params, v: Params, *, lr: float, beta1: float, beta2: float,
+                   eps: float, eps_inside_sqrt: bool) -> None:
+    """The released code's update, in place: m ← g + β1 m; v ← g² + β2 v; w ← w − lr m/(√v + ε)
+    (Diag) or w − lr m/√(v + ε) (K-FAC) (§1.5 [C])."""
+    for n in w:
+        m[n].mul_(beta1).add_(g[n])
+        v[n].mul_(beta2).addcmul_(g[n], g[n])
+        denom = (v[n] + eps).sqrt() if eps_inside_sqrt else v[n].sqrt().add_(eps)
+        w[n].addcdiv_(m[n], denom, value=-lr)
+
+
+def power_lambda_max(mv: Callable[[Params], Params], like: Params, iters: int = 100, seed: int = 0) -> float:
+    """Largest eigenvalue of the PSD operator ``mv`` (power iteration)."""
+    g = torch.Generator().manual_seed(seed)
+    x = {n: torch.randn(t.shape, generator=g, dtype=torch.float64).to(t) for n, t in like.items()}
+    lam = 0.0
+    for _ in range(iters):
+        nrm = math.sqrt(sum(float((t * t).sum()) for t in x.values())) or 1.0
+        x = {n: t / nrm for n, t in x.items()}
+        y = mv(x)
+        lam = math.sqrt(sum(float((t * t).sum()) for t in y.values()))
+        x = y
+        if lam == 0.0:
+            break
+    return lam
+
+
+def solve(grad: Callable[[Params], Params], w0: Params, *, optimizer: str, steps: int, lr: float,
+          beta1: float = 0.9, beta2: float = 0.99, eps: float = 0.01, eps_inside_sqrt: bool = False,
+          eval_every: int = 100, evaluate: Optional[Callable[[Params], float]] = None
+          ) -> Tuple[Params, Params, List[Tuple[int, float]]]:
+    """Minimise the quadratic with gradient ``grad`` from ``w0``. Returns (selected, last, trace):
+    with ``evaluate`` the iterate of the best (strictly higher) score among steps k % eval_every == 0
+    (evaluated after step k, k from 0 as the code), else the last iterate."""
+    w = {n: t.detach().clone() for n, t in w0.items()}
+    trace: List[Tuple[int, float]] = []
+    m = v = opt = None
+    if optimizer == "adam_code":
+        m = {n: torch.zeros_like(t) for n, t in w.items()}
+        v = {n: torch.zeros_like(t) for n, t in w.items()}
+    elif optimizer == "adam_torch":
+        leaves = [w[n].requires_grad_(False) for n in w]
+        opt = torch.optim.Adam(leaves, lr=lr, betas=(beta1, beta2), eps=eps)
+    elif optimizer != "gd":
+        raise FedbenchError(f"server_optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    # v accumulates g² of tiny Fisher entries: CPU denormals slow every op ~10×; flushing them to
+    # zero changes values below 1e-38 only (restored afterwards)
+    best_box: list = [None, -math.inf]
+    prev_flush = _flush_denormal_on()
+    torch.set_flush_denormal(True)
+    try:
+        _run_steps(grad, w, optimizer, steps, lr, beta1, beta2, eps, eps_inside_sqrt, eval_every, evaluate,
+                   trace, best_box, m, v, opt)
+    finally:
+        torch.set_flush_denormal(bool(prev_flush))
+    best = best_box[0]
+    last = {n: t.detach().clone() for n, t in w.items()}
+    if best is None:
+        best = last
+    return best, last, trace
+
+
+def _flush_denormal_on() -> bool:
+    return float(torch.tensor([1e-38], dtype=torch.float32).mul(0.01)) == 0.0
+
+
+def _run_steps(grad, w, optimizer, steps, lr, beta1, beta2, eps, eps_inside_sqrt, eval_every, evaluate, trace,
+               best_box, m, v, opt):
+    for k in range(steps):
+        with torch.no_grad():
+            g = grad(w)
+            if optimizer == "adam_code":
+                adam_code_step(w, g, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, eps_inside_sqrt=eps_inside_sqrt)
+            elif optimizer == "gd":
+                for n in w:
+                    w[n].add_(g[n], alpha=-lr)
+        if optimizer == "adam_torch":
+            for n in w:
+                w[n].grad = g[n]
+            opt.step()
+        if evaluate is not None and k % eval_every == 0:
+            score = float(evaluate(w))
+            trace.append((k, score))
+            if score > best_box[1]:
+                best_box[1] = score
+                best_box[0] = {n: t.detach().clone() for n, t in w.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# FedFisher
+# --------------------------------------------------------------------------------------------------
+class _FedFisher(Algorithm):
+    STRUCTURE = ""
+    EPS_INSIDE_DEFAULT = False
+    KEYS = ("fisher", "weighting", "server_optimizer", "steps", "lr", "beta1", "beta2", "eps", "eps_inside_sqrt",
+            "eval_every", "select", "gd_lr", "compression", "weight_bits", "curvature_batch_size")
+
+    def __init__(self, cfg, setup):
+        super().__init__(cfg, setup)
+        check_keys(self.cfg, self.KEYS, self.name)
+        c = self.cfg
+        self.fisher = cfg_choice({**c, "fisher": fisher_name(c.get("fisher", "true"))}, "fisher", "true", FISHERS)
+        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
+        self.optimizer = cfg_choice(c, "server_optimizer", "adam_code", OPTIMIZERS)
+        self.steps = cfg_int(c, "steps", 2000, minimum=0)
+        self.lr = cfg_num(c, "lr", 0.01, positive=True)
+        self.beta1 = cfg_num(c, "beta1", 0.9, nonneg=True)
+        self.beta2 = cfg_num(c, "beta2", 0.99, nonneg=True)
+        if self.optimizer == "adam_torch" and not (self.beta1 < 1 and self.beta2 < 1):
+            raise FedbenchError("algorithm.beta1 and beta2 must be < 1 for server_optimizer adam_torch")
+        self.eps = cfg_num(c, "eps", 0.01, positive=True)
+        self.eps_inside_sqrt = cfg_bool(c, "eps_inside_sqrt", self.EPS_INSIDE_DEFAULT)
+        self.eval_every = cfg_int(c, "eval_every", 100, minimum=1)
+        self.select = cfg_choice(c, "select", "val_accuracy", SELECTS)
+        self.gd_lr = cfg_num(c, "gd_lr", None, positive=True, allow_none=True)
+        self.compression = cfg_bool(c, "compression", True)
+        self.weight_bits = C.check_bits("weight_bits", c.get("weight_bits", 16))
+        self.curv_bs = cfg_int(c, "curvature_batch_size", 64, minimum=1)
+        if self.select == "val_accuracy":
+            setup.require_server_val(self.name)
+        self.fisher_client = FisherClient(setup, self.fisher, self.curv_bs)
+
+    def client_stage_key(self, round_idx):
+        return {} if round_idx == 1 else None   # plain local training: shares FedAvg's cached clients
+
+    @property
+    def weight_levels(self) -> Optional[int]:
+        return C.levels_for_bits(self.weight_bits) if self.compression else None
+
+    # subclass hooks ------------------------------------------------------------------------------
+    def _curvature_payload(self, client_id, params, round_idx) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _operators(self, messages, weights, Ws) -> Tuple[Callable[[Params], Params], Params]:
+        """(mv of Σ p_i F_i, b = Σ p_i F_i W_i) from the decoded messages."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------------
+    def client_message(self, client_id, params, result, pos, state, round_idx):
+        payload = {"params": encode_params(params, self.weight_levels),
+                   **self._curvature_payload(client_id, params, round_idx)}
+        return Message(client_id, len(self.setup.client_indices[client_id]), payload,
+                       {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
+
+    def _val_accuracy(self, dtypes):
+        def ev(w):
+            return self.setup.val_metrics({n: t.to(dtypes[n]) for n, t in w.items()})["accuracy"]
+        return ev
+
+    def aggregate(self, messages, state, round_idx):
+        ref = state["params"]
+        dev = next(iter(ref.values())).device
+        p = client_weights(messages, self.weighting)
+        Ws = [{n: t.to(dev) for n, t in decode_params(m.payload["params"]).items()} for m in messages]
+        w0 = weighted_sum(Ws, p)
+        mv, b = self._operators(messages, p, Ws)
+
+        def grad(w):
+            Fw = mv(w)
+            return {n: Fw[n] - b[n] for n in w}
+
+        lr = self.lr
+        if self.optimizer == "gd":
+            lr = self.gd_lr
+            if lr is None:
+                lam = power_lambda_max(mv, w0)
+                lr = 1.0 / lam if lam > 0 else 0.0
+        evaluate = self._val_accuracy({n: t.dtype for n, t in ref.items()}) if self.select == "val_accuracy" else None
+        best, last, trace = solve(grad, w0, optimizer=self.optimizer, steps=self.steps, lr=lr, beta1=self.beta1,
+                                  beta2=self.beta2, eps=self.eps, eps_inside_sqrt=self.eps_inside_sqrt,
+                                  eval_every=self.eval_every, evaluate=evaluate)
+        out = {n: best[n].to(ref[n].dtype) for n in ref}
+        new = {**state, "params": out, "server_trace": trace}
+        if self.select == "val_accuracy":
+            new["extra_eval"] = {"last_iterate": {n: last[n].to(ref[n].dtype) for n in ref}}
+        return new
+
+
+@ALGORITHMS.register("fedfisher_diag")
+class FedFisherDiag(_FedFisher):
+    """FedFisher(Diag): g = (Σ p_i F_i) ⊙ w − Σ p_i F_i ⊙ W_i, F_i 16-bit quantised per tensor."""
+
+    name = "fedfisher_diag"
+    STRUCTURE = "diag"
+    EPS_INSIDE_DEFAULT = False
+    KEYS = _FedFisher.KEYS + ("fisher_bits",)
+
+    def __init__(self, cfg, setup):
+        super().__init__(cfg, setup)
+        self.fisher_bits = C.check_bits("fisher_bits", self.cfg.get("fisher_bits", 16))
+
+    def _curvature_payload(self, client_id, params, round_idx):
+        F = self.fisher_client.diag(client_id, params, round_idx)
+        levels = C.levels_for_bits(self.fisher_bits) if self.compression else None
+        return {"fisher": encode_params(F, levels)}
+
+    def _operators(self, messages, p, Ws):
+        dev = Ws[0][next(iter(Ws[0]))].device
+        Fs = [{n: t.to(dev) for n, t in decode_params(m.payload["fisher"]).items()} for m in messages]
+        Fsum = weighted_sum(Fs, p)
+        b = {n: sum(pi * F[n] * W[n] for pi, F, W in zip(p, Fs, Ws)) for n in Fsum}
+        return (lambda w: {n: Fsum[n] * w[n] for n in w}), b
+
+
+@ALGORITHMS.register("fedfisher_kfac")
+class FedFisherKFAC(_FedFisher):
+    """FedFisher(K-FAC): g = Σ_i p_i G_i M A_i − b per layer (M the layer matrix [W | b])."""
+
+    name = "fedfisher_kfac"
+    STRUCTURE = "kfac"
+    EPS_INSIDE_DEFAULT = True
+    KEYS = _FedFisher.KEYS + ("factor_bits", "factor_levels", "kfac_rank", "conv_convention")
+
+    def __init__(self, cfg, setup):
+        super().__init__(cfg, setup)
+        c = self.cfg
+        self.factor_bits = C.check_bits("factor_bits", c.get("factor_bits", 8))
+        fl = c.get("factor_levels", "code")
+        if fl not in ("code", "paper"):
+            raise FedbenchError(f"algorithm.factor_levels must be code or paper, got {fl!r}")
+        # code: quantize(·, bits) = 2^bits − 1 levels (sent with bits + 1 bits); paper: l_q = 2^(bits−1) − 1
+        self.factor_levels = 2 ** self.factor_bits - 1 if fl == "code" else C.levels_for_bits(self.factor_bits)
+        from fedbench.curvature import CONV_CONVENTIONS
+        self.conv_convention = cfg_choice(c, "conv_convention", "nngeometry", CONV_CONVENTIONS)
+        self.fisher_client.conv_convention = self.conv_convention
+        self.specs = kfac_specs(setup.model)     # one-line error here (before training) for BN etc.
+        d = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
+        rank = c.get("kfac_rank", "budget")
+        if rank == "budget":
+            sides = [s for sp in self.specs for s in (sp.d_in, sp.d_out)]
+            self.rank = C.budget_rank(d, sides, self.factor_bits)
+        elif isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1:
+            self.rank = int(rank)
+        else:
+            raise FedbenchError(f"algorithm.kfac_rank must be 'budget' or a positive integer, got {rank!r}")
+
+    def _curvature_payload(self, client_id, params, round_idx):
+        blocks = self.fisher_client.kfac(client_id, params, round_idx)
+        if not self.compression:
+            return {"factors": {m: {"A": f["A"].float(), "G": f["G"].float()} for m, f in blocks.items()}}
+        return {"factors": {m: {"A": C.encode_lowrank(f["A"], self.rank, self.factor_levels),
+                                "G": C.encode_lowrank(f["G"], self.rank, self.factor_levels)}
+                            for m, f in blocks.items()}}
+
+    def _operators(self, messages, p, Ws):
+        dev = Ws[0][next(iter(Ws[0]))].device
+        per_client = []
+        for m in messages:
+            fac = m.payload["factors"]
+            per_client.append([sp.block(decode_any(fac[sp.module]["A"]).to(dev), decode_any(fac[sp.module]["G"]).to(dev))
+                               for sp in self.specs])
+        return make_kfac_mv(per_client, p), kfac_b(per_client, p, Ws)
+
+
+def make_kfac_mv(per_client, p):
+    """w ↦ Σ_i p_i F_i w, per layer Σ_i p_i G_i M A_i."""
+    def mv(w: Params) -> Params:
+        out: Params = {}
+        for j, blk in enumerate(per_client[0]):
+            M = blk.to_matrix(w)
+            acc = sum(pi * (blocks[j].G @ M @ blocks[j].A) for pi, blocks in zip(p, per_client))
+            out.update(blk.from_matrix(acc))
+        return out
+    return mv
+
+
+def kfac_b(per_client, p, Ws) -> Params:
+    """b = Σ_i p_i F_i W_i (with the decoded factors and weights, §1.6 [C])."""
+    out: Params = {}
+    for j, blk in enumerate(per_client[0]):
+        acc = sum(pi * (blocks[j].G @ blocks[j].to_matrix(W) @ blocks[j].A) for pi, blocks, W in zip(p, per_client, Ws))
+        out.update(blk.from_matrix(acc))
+    return out
