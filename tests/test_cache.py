@@ -24,8 +24,12 @@ def test_aggregators_share_one_trained_stage(tmp_path):
     s = _cached_setup(tmp_path)
     st_avg, logs = _run(s, {"name": "fedavg"})
     assert not logs[0].cached_clients and s.cache.misses == 1
+    trained_s = logs[0].client_train_compute_s
+    assert trained_s > 0
     st_nova, logs = _run(s, {"name": "fednova"})
     assert logs[0].cached_clients and s.cache.hits == 1
+    # a cache hit still reports what the training cost when it ran
+    assert logs[0].client_train_compute_s == trained_s
     _, logs = _run(s, {"name": "scaffold"})
     assert logs[0].cached_clients
     # FedProx with mu > 0 trains differently: its own entry

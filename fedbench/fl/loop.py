@@ -82,6 +82,7 @@ class RoundLog:
     downlink_bytes: int
     train_loss: float
     cached_clients: bool = False
+    client_train_compute_s: float = 0.0   # what training these clients cost when it ran (also when loaded from the cache)
 
 
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
@@ -161,7 +162,8 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
             train_loss = sum(l * n for l, n in zip(losses, sizes)) / max(sum(sizes), 1)
             log = RoundLog(r, metrics, client_train_s=t1 - t0, client_post_s=t2 - t1, server_s=t3 - t2, eval_s=t4 - t3,
                            uplink_bytes=sum(m.nbytes for m in messages), downlink_bytes=down,
-                           train_loss=train_loss, cached_clients=cached)
+                           train_loss=train_loss, cached_clients=cached,
+                           client_train_compute_s=sum(float(res.seconds) for res in results))
             logs.append(log)
             if on_round is not None:
                 on_round(log)
