@@ -1,0 +1,371 @@
+"""FedLPA (notes/fedlpa.md §1.3–1.5): the server system against dense torch.kron solves, the
+client factors against their formulas (KFC conv scaling, bias column, damping/π), bytes,
+single/identical clients, the round-2 posterior term, config errors, and an end-to-end run."""
+import json
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fedbench.algorithms import fedlpa as fl
+from fedbench.algorithms.base import ALGORITHMS
+from fedbench.errors import FedbenchError
+from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.train.config import LocalTrainConfig
+from fedbench.train.engine import TrainData, TrainResult
+
+from tests.test_run import SMALL, records, run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+D = torch.float64
+
+
+# ------------------------------------------------------------------------------------------------
+# the per-layer system, pure functions
+# ------------------------------------------------------------------------------------------------
+def _spd(n, g, ridge=0.1):
+    X = torch.randn(n, n + 2, generator=g, dtype=D)
+    return X @ X.T / n + ridge * torch.eye(n, dtype=D)
+
+
+def _problem(K=3, o=4, i=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Gs = torch.stack([_spd(o, g) for _ in range(K)])
+    As = torch.stack([_spd(i, g) for _ in range(K)])
+    Ms = torch.randn(K, o, i, generator=g, dtype=D)
+    p = torch.rand(K, generator=g, dtype=D) + 0.2
+    return Gs, As, Ms, p / p.sum()
+
+
+def _dense(Gs, As, Ms, p):
+    """Σ p_k (A_k ⊗ G_k) vec(W) = Σ p_k (A_k ⊗ G_k) vec(W_k) on the column-stacked vec, i.e.
+    kron(G_k, A_k) on the row-major flatten; returns (matrix, rhs, solution [o, i])."""
+    Kd = sum(p[k] * torch.kron(Gs[k], As[k]) for k in range(len(p)))
+    rhs = sum(p[k] * torch.kron(Gs[k], As[k]) @ Ms[k].flatten() for k in range(len(p)))
+    return Kd, rhs, torch.linalg.solve(Kd, rhs).reshape(Ms.shape[1:])
+
+
+def test_kron_op_and_column_vec_convention():
+    Gs, As, Ms, p = _problem()
+    Kd, rhs, _ = _dense(Gs, As, Ms, p)
+    M = Ms[0]
+    assert torch.allclose(fl.kron_op(Gs, As, p, M).flatten(), Kd @ M.flatten(), rtol=0, atol=1e-12)
+    # the paper's form: (A ⊗ G) vec(M) with column-stacked vec
+    vec = lambda X: X.T.reshape(-1)  # noqa: E731
+    Kcol = sum(p[k] * torch.kron(As[k], Gs[k]) for k in range(3))
+    assert torch.allclose(vec(fl.kron_op(Gs, As, p, M)), Kcol @ vec(M), rtol=0, atol=1e-12)
+
+
+def test_ea_cg_gd_against_dense():
+    Gs, As, Ms, p = _problem()
+    Kd, rhs, M_star = _dense(Gs, As, Ms, p)
+    M_ea, Z, A_bar, G_bar = fl.ea_solve(Gs, As, p, Ms)
+    assert torch.allclose(Z.flatten(), rhs, rtol=0, atol=1e-12)
+    # EA = exact solve of the Kronecker-of-sums system (App. E)
+    ea_dense = torch.linalg.solve(torch.kron(G_bar, A_bar), rhs).reshape(M_star.shape)
+    assert torch.allclose(M_ea, ea_dense, rtol=0, atol=1e-10)
+    assert (M_ea - M_star).abs().max() > 1e-3            # heterogeneous factors: EA is biased
+    for pre in ((G_bar, A_bar), None):
+        M_cg, iters, rel = fl.cg_solve(Gs, As, p, Z, M_ea, tol=1e-12, max_iters=200, precond=pre)
+        assert rel <= 1e-12 and iters <= 40       # n = 20 unknowns
+        assert torch.allclose(M_cg, M_star, rtol=0, atol=1e-10)
+    # GD on the mean-MSE with a stable step (lr < numel / λ_max(𝒜)², §1.4 [I] stability)
+    lmax = float(torch.linalg.eigvalsh(Kd).max())
+    lr = 0.9 * M_star.numel() / lmax ** 2
+    M_gd = fl.gd_solve(Gs, As, p, Z, M_ea, 3000, lr)
+    assert (M_gd - M_star).abs().max() < 1e-4 * (1 + M_star.abs().max())
+    assert (fl.gd_solve(Gs, As, p, Z, M_ea, 30, lr) - M_star).norm() < (M_ea - M_star).norm()
+
+
+def test_gd_is_autodiff_gd_on_mean_mse_and_lr_one_can_diverge():
+    """Same iterates as torch.nn.MSELoss + autograd (the released code), step by step."""
+    Gs, As, Ms, p = _problem(seed=1)
+    M_ea, Z, _, _ = fl.ea_solve(Gs, As, p, Ms)
+    M = M_ea.clone().requires_grad_(True)
+    lr = 0.05
+    for _ in range(5):
+        R = sum(p[k] * Gs[k] @ M @ As[k] for k in range(3))
+        loss = nn.MSELoss()(R, Z)
+        (g,) = torch.autograd.grad(loss, M)
+        M = (M - lr * g).detach().requires_grad_(True)
+    assert torch.allclose(fl.gd_solve(Gs, As, p, Z, M_ea, 5, lr), M.detach(), rtol=0, atol=1e-12)
+    # the code's lr = 1.0 on a 20-entry layer: GD on (1/n)||𝒜M − Z||² is stable iff lr < n / λ_max(𝒜)²
+    Kd, _, M_star = _dense(Gs, As, Ms, p)
+    lmax = float(torch.linalg.eigvalsh(Kd).max())
+    assert 20 / lmax ** 2 < 1.0
+    M1 = fl.gd_solve(Gs, As, p, Z, M_ea, 2000, 1.0)
+    assert not torch.isfinite(M1).all() or (M1 - M_star).norm() > 1e6
+    M2 = fl.gd_solve(Gs, As, p, Z, M_ea, 2000, 0.99 * 20 / lmax ** 2)
+    assert (M2 - M_star).norm() < (M_ea - M_star).norm()
+
+
+def test_ea_exact_when_clients_share_factors():
+    Gs, As, Ms, p = _problem()
+    Gs[:] = Gs[0]
+    As[:] = As[0]
+    _, _, M_star = _dense(Gs, As, Ms, p)
+    M_ea = fl.ea_solve(Gs, As, p, Ms)[0]
+    assert torch.allclose(M_ea, M_star, rtol=0, atol=1e-10)
+    assert torch.allclose(M_ea, (p[:, None, None] * Ms).sum(0), rtol=0, atol=1e-10)   # = the p-weighted average
+
+
+def test_pack_unpack_roundtrip():
+    A = _spd(6, torch.Generator().manual_seed(3))
+    A = (A + A.T) / 2                       # X Xᵀ in floating point is symmetric only to round-off
+    v = fl.pack_sym(A)
+    assert v.numel() == 21 and fl.sym_size(21) == 6
+    assert torch.equal(fl.unpack_sym(v, 6), A)
+
+
+# ------------------------------------------------------------------------------------------------
+# the algorithm on a tiny conv net
+# ------------------------------------------------------------------------------------------------
+class TinyCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)          # 5×5 -> 3×3: S = 9, A 10×10, G 2×2
+        self.fc = nn.Linear(18, 3)              # A 19×19, G 3×3
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _setup(sizes=(12, 20), seed=0, same_data=False, model=None, dtype=D):
+    """float64 model by default (exact comparisons); TrainData yields float32 inputs, so the
+    evaluation inputs are cast to the model dtype (the loop test trains in float32)."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    x = torch.randn(n, 1, 5, 5, generator=g, dtype=D)
+    y = torch.randint(0, 3, (n,), generator=g)
+    if same_data:
+        x[sizes[0]:], y[sizes[0]:] = x[: sizes[0]], y[: sizes[0]]
+    idx, s = [], 0
+    for k in sizes:
+        idx.append(torch.arange(s, s + k))
+        s += k
+    torch.manual_seed(seed)
+    model = (model or TinyCNN()).to(dtype)
+    train = TrainData(x, y)
+    return FLSetup(model=model, train=train, test_inputs=lambda i: train.inputs(i).to(dtype), test_y=y,
+                   client_indices=idx,
+                   local=LocalTrainConfig(lr=0.1, batch_size=8, epochs=1), seed=0, device=torch.device("cpu"))
+
+
+def _client_params(setup, k, seed):
+    torch.manual_seed(100 + seed)
+    m = TinyCNN().to(D)
+    return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+
+def _messages(algo, setup, plist):
+    res = TrainResult(plist, [1] * len(plist), [0.0] * len(plist), 0.0)
+    return [algo.client_message(k, plist[k], res, k, {}, 1) for k in range(len(plist))]
+
+
+def _manual_factors(model, x, y):
+    """§1.3 step 2 by hand: conv A = Σ ā āᵀ/(N S²), G = (S/N) Σ δ δᵀ; linear A = Σ ā āᵀ/N,
+    G = Σ δ δᵀ/N; ā = [a; 1], δ = ∂ℓ_i/∂z (per-sample CE, true label)."""
+    N, x = x.shape[0], x.to(D)
+    z = model.conv(x)
+    z.retain_grad()
+    h = torch.relu(z).flatten(1)
+    out = model.fc(h)
+    out.retain_grad()
+    F.cross_entropy(out, y, reduction="sum").backward()
+    U = F.unfold(x, 3)                                    # [N, 9, S]
+    S = U.shape[-1]
+    a = torch.cat([U, torch.ones(N, 1, S, dtype=D)], 1).permute(0, 2, 1).reshape(-1, 10)
+    d = z.grad.reshape(N, 2, S).permute(0, 2, 1).reshape(-1, 2)
+    hb = torch.cat([h, torch.ones(N, 1, dtype=D)], 1).detach()
+    return {"conv": (a.T @ a / (N * S * S), S * d.T @ d / N),
+            "fc": (hb.T @ hb / N, out.grad.T @ out.grad / N)}
+
+
+@pytest.mark.parametrize("pi", ["one", "trace", 2.5])
+def test_client_factors_damping_and_bytes(pi):
+    setup = _setup()
+    lam = 0.01
+    algo = ALGORITHMS.get("fedlpa")({"damping": lam, "pi": pi}, setup)
+    params = _client_params(setup, 0, 0)
+    msg = _messages(algo, setup, [params])[0]
+    m = TinyCNN().to(D)
+    m.load_state_dict(params)
+    x, y = setup.client_data(0)
+    ref = _manual_factors(m, x, y)
+    for layer, (A, G) in ref.items():
+        got_A = fl.unpack_sym(msg.payload["A"][layer], A.shape[0])
+        got_G = fl.unpack_sym(msg.payload["G"][layer], G.shape[0])
+        p = 1.0 if pi == "one" else (pi if not isinstance(pi, str) else
+                                     math.sqrt((A.trace() / A.shape[0]) / (G.trace() / G.shape[0])))
+        assert torch.allclose(got_A, A + p * math.sqrt(lam) * torch.eye(A.shape[0], dtype=D), rtol=0, atol=1e-12)
+        assert torch.allclose(got_G, G + math.sqrt(lam) / p * torch.eye(G.shape[0], dtype=D), rtol=0, atol=1e-12)
+    # bytes: weights + upper triangles of A (10, 19) and G (2, 3), float64
+    n_w = sum(t.numel() for t in params.values())
+    assert msg.nbytes == 8 * (n_w + 55 + 3 + 190 + 6)
+    full = ALGORITHMS.get("fedlpa")({"factor_upload": "full"}, setup)
+    assert _messages(full, setup, [params])[0].nbytes == 8 * (n_w + 100 + 4 + 361 + 9)
+
+
+@pytest.mark.parametrize("solver", ["ea", "gd", "cg"])
+def test_single_and_identical_clients_give_the_client_weights(solver):
+    setup = _setup((16,))
+    algo = ALGORITHMS.get("fedlpa")({"solver": solver, "gd_steps": 50}, setup)
+    params = _client_params(setup, 0, 0)
+    st = algo.aggregate(_messages(algo, setup, [params]), algo.init_state(params), 1)
+    for n, t in params.items():
+        assert torch.allclose(st["params"][n], t, rtol=0, atol=1e-10)
+        assert torch.allclose(st["extra_eval"]["ea"][n], t, rtol=0, atol=1e-10)
+    # two clients, same weights, same data: same factors, so every solver returns those weights
+    setup2 = _setup((10, 10), same_data=True)
+    algo2 = ALGORITHMS.get("fedlpa")({"solver": solver, "gd_steps": 50}, setup2)
+    st2 = algo2.aggregate(_messages(algo2, setup2, [params, params]), algo2.init_state(params), 1)
+    for n, t in params.items():
+        assert torch.allclose(st2["params"][n], t, rtol=0, atol=1e-10)
+
+
+def test_aggregate_matches_dense_solve_per_layer():
+    setup = _setup((12, 20, 9))
+    plist = [_client_params(setup, k, k) for k in range(3)]
+    cg = ALGORITHMS.get("fedlpa")({"solver": "cg", "cg_tol": 1e-13, "cg_max_iters": 500}, setup)
+    uni = ALGORITHMS.get("fedlpa")({"solver": "cg", "cg_tol": 1e-13, "cg_max_iters": 500,
+                                    "weighting": "uniform"}, setup)
+    for algo, w in ((cg, [12, 20, 9]), (uni, [1, 1, 1])):
+        msgs = _messages(algo, setup, plist)
+        st = algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+        p = torch.tensor(w, dtype=D) / sum(w)
+        for s in algo.specs:
+            As = torch.stack([fl.unpack_sym(m.payload["A"][s.module], s.d_in) for m in msgs])
+            Gs = torch.stack([fl.unpack_sym(m.payload["G"][s.module], s.d_out) for m in msgs])
+            Ms = torch.stack([s.to_matrix(pk) for pk in plist])
+            _, _, M_star = _dense(Gs, As, Ms, p)
+            assert torch.allclose(s.to_matrix(st["params"]), M_star, rtol=0, atol=1e-9)
+            assert st["solver_info"][s.module]["rel_residual"] < 1e-12
+            M_ea = fl.ea_solve(Gs, As, p, Ms)[0]
+            assert torch.allclose(s.to_matrix(st["extra_eval"]["ea"]), M_ea, rtol=0, atol=1e-12)
+
+
+def test_best_of_ea_gd_on_test_picks_the_better_test_accuracy():
+    from fedbench.eval.metrics import evaluate
+    setup = _setup((12, 20, 9))
+    plist = [_client_params(setup, k, k) for k in range(3)]
+    algo = ALGORITHMS.get("fedlpa")({"solver": "gd", "gd_steps": 30, "gd_lr": 1e-3,
+                                     "report": "best_of_ea_gd_on_test"}, setup)
+    st = algo.aggregate(_messages(algo, setup, plist), algo.init_state(plist[0]), 1)
+    acc = {k: evaluate(setup.model, st["extra_eval"][k], setup.test_inputs, setup.test_y)["accuracy"]
+           for k in ("ea", "gd")}
+    best = "gd" if acc["gd"] >= acc["ea"] else "ea"
+    assert st["report_choice"] == best and algo.predict_params(st) is st["extra_eval"][best]
+    assert st["params"] is st["extra_eval"]["gd"]           # the carried model is the solver's
+
+
+def test_round_two_posterior_term_and_fedlpa_then_fedavg():
+    setup = _setup((12, 20))
+    plist = [_client_params(setup, k, k) for k in range(2)]
+    algo = ALGORITHMS.get("fedlpa")({"solver": "ea"}, setup)
+    msgs = _messages(algo, setup, plist)
+    st = algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+    assert algo.local_objective(st, [0, 1], 1).terms == []
+    obj = algo.local_objective(st, [0, 1], 2)
+    w = _client_params(setup, 0, 7)
+    p = torch.tensor([12.0, 20.0], dtype=D) / 32
+    for c in (0, 1):
+        got = obj.terms[0](w, {**obj.shared_ctx, **obj.client_ctx[c]})
+        want = 0.0
+        for s in algo.specs:
+            A = [fl.unpack_sym(m.payload["A"][s.module], s.d_in) for m in msgs]
+            G = [fl.unpack_sym(m.payload["G"][s.module], s.d_out) for m in msgs]
+            Ab, Gb = p[0] * A[0] + p[1] * A[1], p[0] * G[0] + p[1] * G[1]
+            Dm = s.to_matrix(w) - s.to_matrix(st["params"])
+            want += (Dm * ((Gb - G[c]) @ Dm @ (Ab - A[c]))).sum()
+        assert torch.allclose(got, 0.5 * want, rtol=0, atol=1e-12)
+    down = algo.downlink(st)
+    assert set(down) == {"params", "A_bar", "G_bar"}
+    # FedLPA then FedAvg: round 2 is the p-weighted average, weights only
+    tf = ALGORITHMS.get("fedlpa_then_fedavg")({"solver": "ea"}, setup)
+    st1 = tf.aggregate(_messages(tf, setup, plist), tf.init_state(plist[0]), 1)
+    assert tf.local_objective(st1, [0, 1], 2).terms == [] and set(tf.downlink(st1)) == {"params"}
+    res = TrainResult(plist, [1, 1], [0.0, 0.0], 0.0)
+    m2 = [tf.client_message(k, plist[k], res, k, st1, 2) for k in range(2)]
+    assert set(m2[0].payload) == {"params"}
+    st2 = tf.aggregate(m2, st1, 2)
+    for n in plist[0]:
+        assert torch.allclose(st2["params"][n], p[0] * plist[0][n] + p[1] * plist[1][n], rtol=0, atol=1e-12)
+
+
+def test_two_rounds_through_the_loop():
+    setup = _setup((12, 20), dtype=torch.float32)
+    algo = ALGORITHMS.get("fedlpa")({"solver": "cg"}, setup)
+    init = {n: p.detach().clone() for n, p in setup.model.named_parameters()}
+    state, logs = run_rounds(setup, algo, init, 2, progress=False)
+    assert len(logs) == 2 and all("ea_accuracy" in l.metrics and "accuracy" in l.metrics for l in logs)
+    assert logs[1].downlink_bytes > logs[0].downlink_bytes        # Ā, Ḡ sent from round 2
+    assert all(torch.isfinite(t).all() for t in state["params"].values())
+
+
+def test_augmented_factor_pass_is_seeded_and_differs_from_clean():
+    from fedbench.data.transforms import Augment
+    setup = _setup((16,))
+    setup.train.augment = Augment(crop_padding=1, flip=True)
+    params = _client_params(setup, 0, 0)
+    clean = ALGORITHMS.get("fedlpa")({}, setup).raw_factors(0, params, 1)
+    aug = ALGORITHMS.get("fedlpa")({"factor_data": "augmented_as_released"}, setup)
+    a1, a2 = aug.raw_factors(0, params, 1), aug.raw_factors(0, params, 1)
+    assert torch.equal(a1["A"]["conv"], a2["A"]["conv"])
+    assert not torch.allclose(a1["A"]["conv"], clean["A"]["conv"])
+
+
+@pytest.mark.parametrize("name", ["fedlpa", "fedlpa_then_fedavg"])
+def test_yaml_keys_are_accepted(name):
+    from pathlib import Path
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "conf" / "algorithm" / f"{name}.yaml"))
+    assert cfg.pop("name") == name
+    algo = ALGORITHMS.get(name)(cfg, _setup())
+    assert algo.solver == "gd" and algo.report == "solver" and algo.lam == 1e-3 and algo.gd_steps == 10_000
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({"solver": "newton"}, "algorithm.solver"),
+    ({"report": "best_of_ea_gd_on_test", "solver": "cg"}, "solver: gd"),
+    ({"pi": -1.0}, "algorithm.pi"),
+    ({"pi": "frobenius"}, "algorithm.pi"),
+    ({"damping": -0.1}, "algorithm.damping"),
+    ({"gd_steps": 1.5}, "algorithm.gd_steps"),
+    ({"lambda": 0.1}, "unknown algorithm key"),
+])
+def test_bad_config_one_line(cfg, needle):
+    with pytest.raises(FedbenchError) as e:
+        ALGORITHMS.get("fedlpa")(cfg, _setup())
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_outside_linear_conv_rejected():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(18, 3))
+    with pytest.raises(FedbenchError, match="nn.Linear / nn.Conv2d"):
+        ALGORITHMS.get("fedlpa")({}, _setup(model=model))
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end through run.py
+# ------------------------------------------------------------------------------------------------
+def test_run_py_records_accuracy_and_ea_accuracy(tmp_path):
+    run(SMALL + ["rounds=1", "algorithm=fedlpa", "algorithm.gd_steps=20"], tmp_path)
+    (rec_path,) = records(tmp_path)
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "ok" and rec["algorithm"] == "fedlpa"
+    assert 0 <= rec["metrics"]["accuracy"] <= 100 and 0 <= rec["metrics"]["ea_accuracy"] <= 100
+    # uplink > weights alone (the K-FAC factors travel too)
+    assert rec["communication"]["uplink_bytes"] > 3 * 4 * rec["model"]["num_parameters"]
+    p = run(SMALL + ["rounds=1", "algorithm=fedlpa", "algorithm.solver=newton"], tmp_path, expect=2)
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and "algorithm.solver" in lines[0]
