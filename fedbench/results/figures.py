@@ -65,7 +65,8 @@ def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", t
                 ax.fill_between(stats["round"], stats["mean"] - stats["std"].fillna(0),
                                 stats["mean"] + stats["std"].fillna(0), color=line.get_color(), alpha=0.15)
             if reference is not None and not reference.empty:
-                sel = reference[reference["method"] == method]
+                base = method.split("(", 1)[0]   # "fedprox(mu=1)" is the paper's "fedprox" column
+                sel = reference[reference["method"].isin([method, base])]
                 for k, v in zip(keys, kv):
                     if k in sel:
                         sel = sel[sel[k].astype(str) == str(v)]
@@ -80,7 +81,8 @@ def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", t
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     if title:
-        fig.suptitle(title, fontsize=10)
+        import textwrap
+        fig.suptitle("\n".join(textwrap.wrap(title, 60 * cols)), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
