@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 
@@ -170,32 +171,6 @@ def select_memory(labels: Tensor, per_class: int, rng: np.random.Generator) -> T
 # --------------------------------------------------------------------------------------------------
 # config validation (one-line FedbenchError)
 # --------------------------------------------------------------------------------------------------
-def _num(cfg, key, default, *, positive=False, nonneg=False) -> float:
-    val = cfg.get(key, default)
-    if isinstance(val, bool) or not isinstance(val, Real) or not math.isfinite(float(val)):
-        raise FedbenchError(f"algorithm.{key} must be a finite number, got {val!r}")
-    val = float(val)
-    if positive and not val > 0:
-        raise FedbenchError(f"algorithm.{key} must be > 0, got {val}")
-    if nonneg and val < 0:
-        raise FedbenchError(f"algorithm.{key} must be >= 0, got {val}")
-    return val
-
-
-def _int(cfg, key, default, *, minimum=0) -> int:
-    val = cfg.get(key, default)
-    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < minimum:
-        raise FedbenchError(f"algorithm.{key} must be an integer >= {minimum}, got {val!r}")
-    return int(val)
-
-
-def _choice(cfg, key, default, allowed) -> str:
-    val = cfg.get(key, default)
-    if val not in allowed:
-        raise FedbenchError(f"algorithm.{key} must be one of {', '.join(allowed)}, got {val!r}")
-    return val
-
-
 def _rho(cfg, default):
     val = cfg.get("rho", default)
     if isinstance(val, Real) and not isinstance(val, bool):

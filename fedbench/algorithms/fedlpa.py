@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 
@@ -227,31 +228,6 @@ class PosteriorTerm:
 # --------------------------------------------------------------------------------------------------
 # config helpers (one-line FedbenchError)
 # --------------------------------------------------------------------------------------------------
-def _num(cfg, key, default, *, positive=False, nonneg=False) -> float:
-    val = cfg.get(key, default)
-    if isinstance(val, bool) or not isinstance(val, Real) or not math.isfinite(float(val)):
-        raise FedbenchError(f"algorithm.{key} must be a finite number, got {val!r}")
-    if positive and not float(val) > 0:
-        raise FedbenchError(f"algorithm.{key} must be > 0, got {val}")
-    if nonneg and float(val) < 0:
-        raise FedbenchError(f"algorithm.{key} must be >= 0, got {val}")
-    return float(val)
-
-
-def _int(cfg, key, default, *, minimum=0) -> int:
-    val = cfg.get(key, default)
-    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
-        raise FedbenchError(f"algorithm.{key} must be an integer >= {minimum}, got {val!r}")
-    return int(val)
-
-
-def _choice(cfg, key, default, allowed) -> str:
-    val = cfg.get(key, default)
-    if val not in allowed:
-        raise FedbenchError(f"algorithm.{key} must be one of {', '.join(allowed)}, got {val!r}")
-    return val
-
-
 def _pi(cfg):
     val = cfg.get("pi", "one")
     if isinstance(val, str):
