@@ -2,10 +2,6 @@
 and dense Kronecker products, the code's Adam, checkpoint selection, compression round trips and
 byte counts, the messages of the registered algorithms, multi-round use and the server-val guard."""
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +18,8 @@ from fedbench.fl.loop import FLSetup, run_rounds
 from fedbench.models import build_model
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData, train_clients
+from tests.test_run import SMALL as RUN_SMALL, run
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -322,22 +318,11 @@ def test_errors_before_training():
 # ------------------------------------------------------------------------------------------------
 # run.py
 # ------------------------------------------------------------------------------------------------
-SMALL = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.train_size=400",
-         "dataset.kwargs.test_size=100", "model=lenet", "num_clients=3", "local.epochs=1",
-         "hardware=cpu", "progress=false"]
-
-
-def _run(args, tmp_path, expect=0):
-    env = {**os.environ, "FEDBENCH_OUTPUTS": str(tmp_path / "out"), "FEDBENCH_DATA": str(tmp_path / "data"),
-           "HYDRA_FULL_ERROR": "0"}
-    p = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == expect, p.stdout + p.stderr
-    return p
+SMALL = [a for a in RUN_SMALL if a != "rounds=2"]
 
 
 def test_run_without_server_val_fails_with_one_line(tmp_path):
-    p = _run(SMALL + ["rounds=1", "algorithm=fedfisher_kfac"], tmp_path, expect=2)
+    p = run(SMALL + ["rounds=1", "algorithm=fedfisher_kfac"], tmp_path, expect=2)
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and "server validation set" in lines[0]
     assert not list((tmp_path / "out").glob("cache/**/*.pt"))      # failed before training
