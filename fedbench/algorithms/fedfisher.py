@@ -36,6 +36,8 @@ from torch import Tensor
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
+                                        integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
 
 Params = Dict[str, Tensor]
@@ -49,48 +51,9 @@ WEIGHTINGS = ("num_samples", "uniform")
 # --------------------------------------------------------------------------------------------------
 # config validation (one-line FedbenchError from __init__)
 # --------------------------------------------------------------------------------------------------
-def cfg_num(cfg, key, default, *, positive=False, nonneg=False, allow_none=False):
-    val = cfg.get(key, default)
-    if val is None and allow_none:
-        return None
-    if isinstance(val, bool) or not isinstance(val, Real) or not math.isfinite(float(val)):
-        raise FedbenchError(f"algorithm.{key} must be a finite number, got {val!r}")
-    val = float(val)
-    if (positive and not val > 0) or (nonneg and val < 0):
-        raise FedbenchError(f"algorithm.{key} must be {'> 0' if positive else '>= 0'}, got {val}")
-    return val
-
-
-def cfg_int(cfg, key, default, *, minimum=0):
-    val = cfg.get(key, default)
-    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
-        raise FedbenchError(f"algorithm.{key} must be an integer >= {minimum}, got {val!r}")
-    return int(val)
-
-
-def cfg_choice(cfg, key, default, allowed):
-    val = cfg.get(key, default)
-    if val not in allowed:
-        raise FedbenchError(f"algorithm.{key} must be one of {', '.join(map(str, allowed))}, got {val!r}")
-    return val
-
-
-def cfg_bool(cfg, key, default):
-    val = cfg.get(key, default)
-    if not isinstance(val, bool):
-        raise FedbenchError(f"algorithm.{key} must be true or false, got {val!r}")
-    return val
-
-
 def fisher_name(val):
     """YAML / Hydra read a bare ``true`` as a boolean: it means the true Fisher."""
     return "true" if val is True else val
-
-
-def check_keys(cfg, keys, name):
-    unknown = sorted(set(cfg) - set(keys) - {"name"})
-    if unknown:
-        raise FedbenchError(f"unknown algorithm key(s) {unknown} for {name}; known: {sorted(keys)}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.fedfisher import (FISHERS, WEIGHTINGS, FisherClient, cfg_bool, cfg_choice, cfg_int, cfg_num,
-                                           check_keys, client_weights, fisher_name, decode_params, encode_params, weighted_sum)
+from fedbench.algorithms.fedfisher import (FISHERS, WEIGHTINGS, FisherClient, client_weights, fisher_name,
+                                           decode_params, encode_params, weighted_sum)
+from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice, integer as cfg_int,
+                                         number as cfg_num)
 
 FLOOR_MODES = ("fallback_fedavg", "clamp")
 

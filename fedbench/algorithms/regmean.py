@@ -25,8 +25,9 @@ from torch import Tensor
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.fedfisher import (WEIGHTINGS, cfg_bool, cfg_choice, cfg_num, check_keys,
-                                           client_weights, decode_any, decode_params, encode_params, weighted_sum)
+from fedbench.algorithms.fedfisher import (WEIGHTINGS, client_weights, decode_any, decode_params, encode_params,
+                                           weighted_sum)
+from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, number as cfg_num
 from fedbench.errors import FedbenchError
 
 Params = Dict[str, Tensor]
