@@ -48,6 +48,8 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_.\-/:+]*$")
 def _q(value: str) -> str:
     """Quote an override value that Hydra's grammar would otherwise split (e.g. 'beta=0.05', '#C=2')."""
     v = str(value)
+    if v.startswith("[") and v.endswith("]"):   # a list value (a block's aggregators) stays a list
+        return v
     return v if _PLAIN.match(v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

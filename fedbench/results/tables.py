@@ -45,7 +45,23 @@ def method_label(a: Dict[str, Any]) -> str:
     name = a.get("name")
     if name == "fedprox":
         return f"fedprox(mu={a.get('mu'):g})"
+    if name == "fedbens" and a.get("laplace") in ("diag_full_last", "diag"):   # FedBEns' Hessian columns
+        return "fedbens_diag_full" if a.get("laplace") == "diag_full_last" else "fedbens_diag"
+    if name == "fola" and (a.get("fisher") or {}).get("mode") == "offline":
+        return "fola_offline"
     return str(name)
+
+
+def _algo_key(c: Dict[str, Any], names, fn):
+    a = c.get("algorithm") or {}
+    return fn(a) if str(a.get("name", "")).startswith(names) else None
+
+
+def _s_q(a: Dict[str, Any]):
+    """FedFisher Tables 4/5's s_q: 1 = uncompressed, else 32 // bits of the curvature upload."""
+    if not a.get("compression", True):
+        return 1
+    return 32 // int(a.get("factor_bits") or a.get("fisher_bits") or 16)
 
 
 KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
@@ -55,6 +71,10 @@ KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
     "local_epochs": lambda c: c["local"]["epochs"],
     "rounds": lambda c: c["rounds"],
     "seed": lambda c: c["seed"],
+    # method-variant axes of single tables (results/reference/README.md key columns)
+    "lambda": lambda c: _algo_key(c, "fedlpa", lambda a: a.get("damping")),                 # FedLPA Table 3
+    "s_q": lambda c: _algo_key(c, "fedfisher", _s_q),                                        # FedFisher Tables 4-5
+    "M": lambda c: _algo_key(c, "fedbens", lambda a: "custom" if a.get("members_per_client") else a.get("members")),
 }
 
 

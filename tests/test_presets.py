@@ -1,0 +1,156 @@
+"""Every experiment preset composes, expands to the size its paper's reproduction matrix implies (counted here
+independently from the table's axes, notes §6), has a smaller quick profile, names only known methods, and labels
+its rows with the columns (and values) of its reference CSV (results/reference/<paper>_<id>.csv)."""
+import csv
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
+from fedbench.results.tables import row_value
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted(p.relative_to(CONF_DIR / "experiment").with_suffix("").as_posix()
+                 for p in (CONF_DIR / "experiment").rglob("*.yaml"))
+KNOWN_MISSING = {"dense", "otfusion", "pfnm", "fedbe", "fedov"}
+P9, D4 = 9, 4   # FedLPA: 6 Dirichlet betas + #C in {1,2,3}; FMNIST, CIFAR-10, MNIST, SVHN
+
+# paper-profile runs (one run = one setting x seed; aggregators share it)
+EXPECTED = {
+    "fedlpa/table1": D4 * P9 * 3, "fedlpa/table5": D4 * P9 * 3, "fedlpa/table6": D4 * P9 * 3,
+    "fedlpa/table7": D4 * P9 * 3, "fedlpa/table8": D4 * P9 * 3,
+    "fedlpa/table2": 1 * P9 * 2 * 3,          # FMNIST x P9 x {20, 50} clients x 3 seeds
+    "fedlpa/table3": 1 * P9 * 3,              # FMNIST x P9 x 3 seeds, 3 lambdas as aggregators
+    "fedlpa/table9": 1 * 6 * 3,               # FMNIST x 6 betas x 3 seeds
+    "fedlpa/table10": D4 * 1 * 5 * 3,         # D4 x beta=0.001 x 5 epoch counts x 3 seeds
+    "fedlpa/table4": 1, "fedlpa/table12": 1,  # one timed CIFAR-10 run
+    "fedlpa/figure1": 1, "fedlpa/figure2": 3,
+    "fedfisher/table1": 2 * 1,                # FMNIST + CIFAR-10, one timed run
+    "fedfisher/table2": 4 * 3 * 5,
+    "fedfisher/table3": 4 * 1 * 3,            # CIFAR-10, CINIC-10, GTSRB, CIFAR-100 x alpha 0.1 x 3 seeds
+    "fedfisher/table4": 2 * 5, "fedfisher/table5": 2 * 5,
+    "fedfisher/table6": 1 * 3, "fedfisher/figure3": 4 * 3 * 5,
+    "fedbens/table1": 3 * 4 * 5, "fedbens/table2": 3 * 3 * 5, "fedbens/table3": 3 * 2 * 3,
+    "fedbens/table4": 1 * 5, "fedbens/table5": 2 * (3 * 2 * 3), "fedbens/table6": 2 * (3 * 2 * 3),
+    "fedbens/table7": 3 * 2 * 3, "fedbens/table8": 3 * 2 * 3, "fedbens/table9": 1 * 2 * 3,
+    "fola/table2": 6 * 3,                     # 6 methods (own E each) x 3 seeds
+    "fola/figure5": 5 * 3,                    # N in {5, 10, 20, 50, 100} x 3 seeds
+    "fedlap/table1": 8 * 3,
+    "fedlap/table2": (1 + 1 + 2 + 1) * 3,     # MNIST homog/heterog, FMNIST homog/heterog, CIFAR-10
+    "fedlap/table3": (1 + 1 + 2 + 1) * 3,
+    "fedlap/table4": 1 * 3,
+    "fedlap/table5": (1 + 1 + 2 + 1 + 1) * 3,  # + FMNIST 100 clients
+}
+# presets whose rows are the same (dataset x partition) grid: the full row check runs on one of them (table1;
+# table6 is checked by tests/test_tables.py), the others only check columns and their first block
+SAME_GRID = {"fedlpa/table5", "fedlpa/table7", "fedlpa/table8", "fedlpa/table6"}
+
+
+@lru_cache(maxsize=None)
+def runs(preset, profile):
+    return tuple(tuple(r) for r in expand_sweep([f"experiment={preset}", f"profile={profile}"]))
+
+
+@lru_cache(maxsize=None)
+def composed(ovs):
+    return compose_run(list(ovs))
+
+
+def test_every_preset_has_an_expected_size():
+    assert set(PRESETS) == set(EXPECTED), set(PRESETS) ^ set(EXPECTED)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_sizes_and_quick_profile(preset):
+    paper, quick = runs(preset, "paper"), runs(preset, "quick")
+    assert len(paper) == EXPECTED[preset]
+    assert 0 < len(quick) <= len(paper)
+    cq, cp = composed(quick[0]), composed(paper[0])
+    assert cq.table.paper == preset.split("/")[0] and cq.table.id == preset.split("/")[1]
+    # quick must do less work: fewer runs, or fewer epochs x rounds per run
+    assert len(quick) < len(paper) or cq.local.epochs * cq.rounds < cp.local.epochs * cp.rounds
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_run_composes_with_known_aggregators(preset):
+    paper = runs(preset, "paper")
+    sample = (paper[0], paper[-1], runs(preset, "quick")[0])   # first and last block, quick
+    for ovs in sample:
+        cfg = composed(ovs)
+        aggs = OmegaConf.to_container(cfg.aggregators, resolve=True) if cfg.get("aggregators") else [cfg.algorithm.name]
+        assert isinstance(aggs, list), f"{preset}: aggregators is {type(aggs).__name__} in {ovs}"
+        for entry in aggs:
+            name = entry if isinstance(entry, str) else entry["name"]
+            assert (CONF_DIR / "algorithm" / f"{name}.yaml").exists() or name in KNOWN_MISSING, (preset, name)
+
+
+def _reference(preset):
+    paper, tid = preset.split("/")
+    path = ROOT / "results" / "reference" / f"{paper}_{tid}.csv"
+    return list(csv.DictReader(path.open())) if path.exists() else None
+
+
+def _norm(v):
+    try:
+        return f"{float(v):g}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if _reference(p) is not None])
+def test_rows_match_reference_columns_and_values(preset):
+    from fedbench.runner import expand_aggregators
+
+    ref = _reference(preset)
+    cfg0 = composed(runs(preset, "paper")[0])
+    rows = list(cfg0.table.rows)
+    keys = [k for k in rows if k != "rounds" or cfg0.table.get("at_rounds")]
+    assert all(k in ref[0] for k in keys), f"{preset}: rows {rows} vs columns {list(ref[0])}"
+    ours = set()
+    seen = set()
+    all_runs = runs(preset, "paper")
+    if preset in SAME_GRID:
+        return
+    for ovs in all_runs:
+        key = tuple(o for o in ovs if not o.startswith("seed="))
+        if key in seen:
+            continue
+        seen.add(key)
+        cfg = composed(ovs)
+        per_method = {"lambda", "s_q", "M"} & set(keys)   # keys read from the aggregator's config
+        subs = expand_aggregators(cfg, CONF_DIR, allow_missing=True) if cfg.get("aggregators") and per_method else [cfg]
+        for sub in subs:
+            c = OmegaConf.to_container(sub, resolve=True)
+            base = tuple(_norm(row_value(c, k)) for k in keys if k != "rounds")
+            if "rounds" in keys:
+                ours |= {base + (_norm(r),) for r in cfg.table.at_rounds if r <= c["rounds"]}
+            else:
+                ours.add(base)
+    order = [k for k in keys if k != "rounds"] + (["rounds"] if "rounds" in keys else [])
+    theirs = {tuple(_norm(r[k]) for k in order) for r in ref
+              if r.get("dataset") != "average" and all(r[k] != "" for k in order)}
+    assert theirs, preset
+    assert theirs <= ours, f"{preset}: reference rows without a run: {sorted(theirs - ours)[:5]}"
+
+
+def test_shared_settings_share_run_ids():
+    """Tables reusing another table's runs must compose to the same run ids (FedLap 1/2/5, FedFisher 2/4/5)."""
+    from fedbench.results.records import compute_run_id
+    from fedbench.runner import expand_aggregators
+
+    def ids(preset, extra):
+        out = set()
+        for ovs in expand_sweep([f"experiment={preset}", "profile=paper", "seed=0"] + extra):
+            out |= {compute_run_id(s) for s in expand_aggregators(compose_run(ovs), CONF_DIR, allow_missing=True)}
+        return out
+
+    assert ids("fedlap/table2", ["dataset=mnist"]) <= ids("fedlap/table1", ["dataset=mnist"])
+    assert ids("fedlap/table5", ["dataset=cifar10"]) == ids("fedlap/table1", ["dataset=cifar10"])
+    t2 = ids("fedfisher/table2", ["dataset=fmnist", "partition.alpha=0.1"])
+    assert len(ids("fedfisher/table4", ["dataset=fmnist"]) & t2) == 1      # s_q = 2 = Table 2's FedFisher(Diag)
+    assert len(ids("fedfisher/table5", ["dataset=fmnist"]) & t2) == 1      # s_q = 4 = Table 2's FedFisher(K-FAC)
+    assert ids("fedbens/table8", ["dataset=svhn"]) <= ids("fedbens/table5", ["dataset=svhn"])
+    t1 = ids("fedlpa/table1", ["dataset=fmnist"])
+    assert len(ids("fedlpa/table3", []) & t1) == P9                          # lambda = 0.001 column = Table 1
