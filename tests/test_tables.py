@@ -17,7 +17,11 @@ def test_preset_expands_to_the_table():
     assert len(runs) == 4 * 9 * 3
     assert len(expand_sweep(PRESET)) == 9   # restricted to FMNIST, one seed
     cfg = compose_run(expand_sweep(PRESET)[0])
-    assert cfg.local.epochs == 20 and cfg.num_clients == 10 and cfg.dataset.normalize is False
+    assert cfg.local.epochs == 2 and cfg.num_clients == 10 and cfg.dataset.normalize is False   # quick: 2 epochs
+    assert [a if isinstance(a, str) else a["name"] for a in cfg.aggregators] == \
+        ["fedlpa", "fedavg", "fednova", "scaffold", "fedprox", "dense"]
+    paper = compose_run(expand_sweep(["experiment=fedlpa/table6", "profile=paper", "dataset=fmnist"])[0])
+    assert paper.local.epochs == 20 and len(paper.aggregators) == 9
 
 
 def test_partition_labels():
