@@ -51,3 +51,22 @@ def test_collect_synthetic_records(tmp_path):
     assert (s[s.method == "fednova"]["n"] == 0).all()
     md = to_markdown(s.assign(paper=float("nan")), df.attrs["table"], "paper")
     assert "| fmnist | beta=0.05 | " in md and "50.50 ± 0.71 (n=2)" in md and "not run (0/2)" in md
+
+
+def test_row_variants_merge_into_one_column_only_when_they_never_share_a_row():
+    import pandas as pd
+    from fedbench.results.tables import merge_row_variants
+    s = pd.DataFrame([
+        {"dataset": "uci", "method": "fedprox(mu=1)", "n": 3, "planned": 3, "mean": 80.0, "std": 1.0},
+        {"dataset": "mnist", "method": "fedprox(mu=0.1)", "n": 3, "planned": 3, "mean": 90.0, "std": 1.0},
+        {"dataset": "uci", "method": "fedavg", "n": 3, "planned": 3, "mean": 79.0, "std": 1.0},
+    ])
+    m = merge_row_variants(s, ["dataset"])
+    assert list(m["method"]) == ["fedprox", "fedprox", "fedavg"]
+    assert list(m["variant"]) == ["(mu=1)", "(mu=0.1)", ""]
+    md = to_markdown(m.assign(paper=float("nan")), {"rows": ["dataset"]}, "paper")
+    assert "| dataset | fedprox | fedavg |" in md and "(mu=0.1)" in md
+    # a sweep of mu inside one row (FedLPA's tables) keeps one column per value
+    s2 = pd.concat([s, pd.DataFrame([{"dataset": "uci", "method": "fedprox(mu=0.1)", "n": 1, "planned": 1,
+                                      "mean": 1.0, "std": 0.0}])], ignore_index=True)
+    assert set(merge_row_variants(s2, ["dataset"])["method"]) == {"fedprox(mu=1)", "fedprox(mu=0.1)", "fedavg"}

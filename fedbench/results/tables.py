@@ -148,7 +148,25 @@ def summarise(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
         groups.append({**dict(zip(keys + ["method"], key_vals)), "n": len(vals), "planned": len(g),
                        "mean": vals.mean() if len(vals) else math.nan,
                        "std": vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) == 1 else math.nan)})
-    return pd.DataFrame(groups)
+    return merge_row_variants(pd.DataFrame(groups), keys)
+
+
+def merge_row_variants(summary: pd.DataFrame, keys: List[str]) -> pd.DataFrame:
+    """One column per method when a hyperparameter differs only between rows (FedLap Table 1's FedProx μ
+    is set per data set): labels ``name(…)`` that never share a row become ``name``, the setting is kept
+    in ``variant`` and shown in the cell. Variants that share a row (FedLPA's μ sweep) stay separate columns."""
+    if summary.empty:
+        return summary
+    out = summary.copy()
+    out["variant"] = ""
+    base = out["method"].str.replace(r"\(.*\)$", "", regex=True)
+    for b in base[base != out["method"]].unique():
+        sel = base == b
+        per_row = out[sel].groupby(keys, sort=False, dropna=False)["method"].nunique()
+        if (per_row <= 1).all() and out.loc[sel, "method"].nunique() > 1:
+            out.loc[sel, "variant"] = out.loc[sel, "method"].str[len(b):]
+            out.loc[sel, "method"] = b
+    return out
 
 
 def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str = "accuracy") -> pd.DataFrame:
@@ -203,7 +221,8 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
                     else f"not run (0/{int(r['planned'])})")
             ref = "—" if paper is None or (isinstance(paper, float) and math.isnan(paper)) else _fmt(paper)
             diff = (f" / Δ {r['mean'] - paper:+.2f}" if r["n"] > 0 and ref != "—" else "")
-            cells.append(f"{ours} / {ref}{diff}")
+            variant = f" {r['variant']}" if isinstance(r.get("variant"), str) and r.get("variant") else ""
+            cells.append(f"{ours} / {ref}{diff}{variant}")
         lines.append("| " + " | ".join([str(v) for v in key_vals] + cells) + " |")
     return "\n".join(lines) + "\n"
 
