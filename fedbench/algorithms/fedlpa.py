@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.curvature.structures import layer_matrix, layer_params
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
@@ -83,20 +84,10 @@ class LayerSpec:
         return sum(int(torch.Size(s).numel()) // self.d_out for s in self.shapes)
 
     def to_matrix(self, tensors: Params) -> Tensor:
-        cols = []
-        for n, s in zip(self.names, self.shapes):
-            t = tensors[n]
-            batch = t.shape[: t.dim() - len(s)]
-            cols.append(t.reshape(*batch, self.d_out, -1))
-        return torch.cat(cols, dim=-1) if len(cols) > 1 else cols[0]
+        return layer_matrix(self.names, self.shapes, self.d_out, tensors)
 
     def from_matrix(self, M: Tensor) -> Params:
-        out, c = {}, 0
-        for n, s in zip(self.names, self.shapes):
-            k = int(torch.Size(s).numel()) // self.d_out
-            out[n] = M[..., c:c + k].reshape(*M.shape[:-2], *s)
-            c += k
-        return out
+        return layer_params(self.names, self.shapes, self.d_out, M)
 
 
 def layer_specs(model: torch.nn.Module) -> Tuple[List[LayerSpec], List[str]]:

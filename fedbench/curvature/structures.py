@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -162,6 +162,29 @@ class DiagCurvature(Curvature):
         self.diag = {n: fn(t) for n, t in self.diag.items()}
 
 
+def layer_matrix(names: Sequence[str], shapes: Sequence[torch.Size], d_out: int,
+                 tensors: Mapping[str, Tensor]) -> Tensor:
+    """[..., d_out, d_in] layer matrix ``[W.reshape(d_out, -1) | b]`` from parameter-shaped tensors
+    (leading batch dims kept); the ordering every K-FAC block uses (bias column last)."""
+    cols = []
+    for n, s in zip(names, shapes):
+        t = tensors[n]
+        batch = t.shape[: t.dim() - len(s)]
+        cols.append(t.reshape(*batch, d_out, -1))
+    return torch.cat(cols, dim=-1) if len(cols) > 1 else cols[0]
+
+
+def layer_params(names: Sequence[str], shapes: Sequence[torch.Size], d_out: int, M: Tensor) -> Dict[str, Tensor]:
+    """Inverse of :func:`layer_matrix`."""
+    batch = M.shape[:-2]
+    out, c = {}, 0
+    for n, s in zip(names, shapes):
+        k = int(torch.Size(s).numel()) // d_out
+        out[n] = M[..., c:c + k].reshape(*batch, *s)
+        c += k
+    return out
+
+
 @dataclass
 class KronBlock:
     """One layer's Kronecker factors.
@@ -196,21 +219,10 @@ class KronBlock:
 
     def to_matrix(self, tensors: Mapping[str, Tensor]) -> Tensor:
         """[..., d_out, d_in] layer matrix from parameter-shaped tensors (with batch dims)."""
-        cols = []
-        for n, s in zip(self.names, self.shapes):
-            t = tensors[n]
-            batch = t.shape[: t.dim() - len(s)]
-            cols.append(t.reshape(*batch, self.d_out, -1))
-        return torch.cat(cols, dim=-1) if len(cols) > 1 else cols[0]
+        return layer_matrix(self.names, self.shapes, self.d_out, tensors)
 
     def from_matrix(self, M: Tensor) -> Dict[str, Tensor]:
-        batch = M.shape[:-2]
-        out, c = {}, 0
-        for n, s in zip(self.names, self.shapes):
-            k = int(torch.Size(s).numel()) // self.d_out
-            out[n] = M[..., c:c + k].reshape(*batch, *s)
-            c += k
-        return out
+        return layer_params(self.names, self.shapes, self.d_out, M)
 
     def mv_matrix(self, M: Tensor) -> Tensor:
         return self.G @ M @ self.A
