@@ -19,12 +19,7 @@ from tests.test_run import ROOT, SMALL, records, run
 TINY = {"epochs": 2, "g_steps": 2, "synthesis_batch_size": 8, "kd_batch_size": 4, "nz": 4, "ngf": 2}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _setup(server_val=True, n=60, mean=None, std=None):

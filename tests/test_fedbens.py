@@ -24,12 +24,7 @@ from fedbench.train.engine import TrainData, train_clients
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _setup(sizes=(12, 9), dtype=torch.float64, epochs=2, cache=None, val=True, seed=0):

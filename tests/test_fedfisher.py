@@ -22,12 +22,7 @@ from tests.test_run import SMALL as RUN_SMALL, run
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rand_psd(n, rank=None, g=None, basis=None):

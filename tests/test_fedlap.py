@@ -15,13 +15,7 @@ from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData, train_clients
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These problems are tiny: intra-op threads only add contention on shared CPUs (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------------------

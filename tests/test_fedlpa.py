@@ -19,12 +19,7 @@ from fedbench.train.engine import TrainData, TrainResult
 from tests.test_run import SMALL, records, run
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 D = torch.float64
