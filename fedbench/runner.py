@@ -100,6 +100,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.get("server_val") is not None:
         from fedbench.fl.server_data import ServerValConfig
         ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True))
+    if cfg.get("server_unlabeled") is not None:
+        from fedbench.fl.server_data import ServerUnlabeledConfig
+        ServerUnlabeledConfig.from_cfg(OmegaConf.to_container(cfg.server_unlabeled, resolve=True))
     resolve_backend(cfg.hardware.backend, resolve_device(cfg.hardware.device))
 
 
@@ -124,7 +127,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     from fedbench.data.transforms import Augment
     from fedbench.fl.cache import ClientStageCache
     from fedbench.fl.loop import FLSetup, run_rounds
-    from fedbench.fl.server_data import ServerValConfig, draw_server_val
+    from fedbench.fl.server_data import (ServerUnlabeledConfig, ServerValConfig, draw_server_unlabeled,
+                                         draw_server_val)
     from fedbench.models import build_model, count_parameters
     from fedbench.partition import client_label_counts, make_partition
     from fedbench.results.loggers import make_logger
@@ -156,6 +160,11 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     sval = ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True)
                                     if cfg.get("server_val") is not None else None)
     val_idx, keep = draw_server_val(sval, len(data.train_y), seed)
+    sunl = ServerUnlabeledConfig.from_cfg(OmegaConf.to_container(cfg.server_unlabeled, resolve=True)
+                                          if cfg.get("server_unlabeled") is not None else None)
+    unl_idx, keep_after = draw_server_unlabeled(sunl, len(data.train_y), keep, seed)
+    unl_holdout = keep_after is not keep
+    keep = keep_after
     labels_all = np.asarray(data.train_y.cpu())
     if keep is None:
         parts = make_partition(pcfg["name"], labels_all, int(cfg.num_clients), seed,
@@ -186,12 +195,17 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
     stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
                    "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
-    if keep is not None:   # a hold-out changes the clients' data
+    if sval.mode == "holdout" and sval.size > 0:   # a hold-out changes the clients' data
         stage_parts["server_val_holdout"] = {"size": sval.size, "seed": sval.seed}
+    if unl_holdout:
+        stage_parts["server_unlabeled_holdout"] = {"size": sunl.size, "seed": sunl.seed if sunl.seed is not None else seed}
     server_val = None
     if val_idx is not None:
         vi = torch.as_tensor(val_idx, dtype=torch.long, device=device)
         server_val = (train.inputs(vi), data.train_y[vi])
+    server_unlabeled = None
+    if unl_idx is not None:   # inputs only: the methods never see these labels
+        server_unlabeled = train.inputs(torch.as_tensor(unl_idx, dtype=torch.long, device=device))
     setup = FLSetup(model=model, train=train, test_inputs=test.inputs, test_y=data.test_y,
                     client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
                     local=local, seed=seed, device=device, task=data.task, backend=backend,
@@ -199,7 +213,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                     eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
                     local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
                     cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None),
-                    stage_parts=stage_parts, server_val=server_val)
+                    stage_parts=stage_parts, server_val=server_val, server_unlabeled=server_unlabeled)
     algo = build_algorithm(acfg, setup)
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = make_logger(config.get("logger") or {"name": "none"}, run_id, config, out)

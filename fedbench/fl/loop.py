@@ -40,6 +40,7 @@ class FLSetup:
     extras: Dict[str, Any] = field(default_factory=dict)
     current_stage: Optional[Dict[str, Any]] = None  # key parts of this round's client stage if it is cacheable
     server_val: Optional[tuple] = None    # (normalised inputs, labels) of the server's validation set, or None
+    server_unlabeled: Optional[Tensor] = None   # normalised inputs of the server's unlabelled set (no labels), or None
 
     @property
     def num_clients(self) -> int:
@@ -57,6 +58,13 @@ class FLSetup:
         if self.server_val is None:
             from fedbench.errors import FedbenchError
             raise FedbenchError(f"{method} needs a server validation set: set server_val.size (the papers use 500)")
+
+    def require_server_unlabeled(self, method: str) -> None:
+        """Called from a method's __init__ (before training) when it distils on unlabelled server data."""
+        if self.server_unlabeled is None:
+            from fedbench.errors import FedbenchError
+            raise FedbenchError(f"{method} needs unlabelled server data: set server_unlabeled.size "
+                                f"(and server_unlabeled.mode: holdout | sampled_from_train)")
 
     def val_metrics(self, params) -> Dict[str, float]:
         """Metrics of ``params`` (one dict or an ensemble list) on the server validation set."""

@@ -14,14 +14,24 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table")
 
 
+# Optional blocks that enter the identity only when switched on (size > 0), so that adding such a feature
+# leaves the run ids of every existing record unchanged.
+OFF_WHEN_EMPTY = ("server_unlabeled",)
+
+
 def identity_config(cfg: Any) -> Dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(cfg, DictConfig):
         keys = [k for k in cfg.keys() if k not in NON_IDENTITY_KEYS]
-        return {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], (DictConfig,))
-                or OmegaConf.is_list(cfg[k]) else cfg[k] for k in keys}
-    return {k: v for k, v in dict(cfg).items() if k not in NON_IDENTITY_KEYS}
+        out = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], (DictConfig,))
+               or OmegaConf.is_list(cfg[k]) else cfg[k] for k in keys}
+    else:
+        out = {k: v for k, v in dict(cfg).items() if k not in NON_IDENTITY_KEYS}
+    for k in OFF_WHEN_EMPTY:
+        if isinstance(out.get(k), Mapping) and not out[k].get("size"):
+            del out[k]
+    return out
 
 
 def compute_run_id(cfg: Any) -> str:
