@@ -235,8 +235,9 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     from fedbench.curvature.compute import curvature_seconds
     curv_t0 = curvature_seconds()
     status, error = "failed", None
+    final_state = None
     try:
-        _, logs = run_rounds(setup, algo, init_params, int(cfg.rounds), eval_every=int(cfg.eval.every),
+        final_state, logs = run_rounds(setup, algo, init_params, int(cfg.rounds), eval_every=int(cfg.eval.every),
                              progress=bool(cfg.get("progress", True)), on_round=on_round)
         status = "ok"
     except KeyboardInterrupt:
@@ -284,6 +285,9 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
         if status == "ok" or not is_complete(rec_path):
             extra = [k for h in history for k in h if k not in HISTORY_COLUMNS]
             write_csv_atomic(out / "history.csv", history, list(HISTORY_COLUMNS) + list(dict.fromkeys(extra)))
+            trace = (final_state or {}).get("trace")
+            if status == "ok" and trace:   # a method's per-step/epoch server trace of its last round (e.g. DENSE's epochs)
+                write_csv_atomic(out / "trace.csv", list(trace))
             write_json_atomic(rec_path, record)
     m = record["metrics"]
     summary = " ".join(f"{k}={v:.4g}" for k, v in m.items() if v is not None and not math.isnan(v))

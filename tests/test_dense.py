@@ -315,6 +315,10 @@ def test_run_py_aggregators_fedavg_dense(tmp_path):
     assert d["communication"]["uplink_bytes"] == recs["fedavg"]["communication"]["uplink_bytes"]
     assert d["timing"]["server_s"] > 0
     assert "dense_last_accuracy" in d["metrics"]
+    # the per-epoch server trace lands beside the record (pool size grows by the synthesis batch each epoch)
+    import csv
+    rows = list(csv.DictReader(open(records(tmp_path)[0].parent.parent / d["run_id"] / "trace.csv")))
+    assert [int(r["pool"]) for r in rows] == [16, 32] and all(float(r["synthesis_s"]) > 0 for r in rows)
 
 
 def test_run_py_bad_config_one_line(tmp_path):

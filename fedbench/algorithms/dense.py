@@ -19,6 +19,7 @@ Server, after plain local training (the cached client stage; uplink = the client
 from __future__ import annotations
 
 import copy
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -248,7 +249,7 @@ class Dense(Algorithm):
         else:   # a fresh random initialisation: the run's initial weights (drawn from the run seed)
             start = self._init if self._init is not None else state["params"]
         best, trace, last = self.distill(members, w, start, round_idx)
-        out = {**state, "params": best, "dense_trace": trace}
+        out = {**state, "params": best, "trace": trace}
         if self.select != "last":
             out["extra_eval"] = {"dense_last": last}
         return out
@@ -285,11 +286,15 @@ class Dense(Algorithm):
         best, best_score, trace = None, -float("inf"), []
         try:
             for ep in range(self.epochs):
+                t0 = time.perf_counter()
                 x_best = self.synthesize(generator, teacher, student, members, weights, hook, aug_s, gen_cpu)
                 pool.add(x_best)
+                t1 = time.perf_counter()
                 loss = self.kd_epoch(student, teacher, members, weights, opt, pool, aug_k, gen_cpu, hook)
                 params = {n: p.detach().clone() for n, p in student.named_parameters()}
-                row = {"epoch": ep + 1, "kd_loss": loss, "pool": len(pool)}
+                # per-epoch cost: synthesis is constant, the KD pass grows with the pool (extrapolating a reduced run)
+                row = {"epoch": ep + 1, "kd_loss": loss, "pool": len(pool), "synthesis_s": t1 - t0,
+                       "kd_s": time.perf_counter() - t1}
                 if self.select != "last":
                     row["score"] = self._score(params)
                     if row["score"] > best_score:   # strictly better wins (the code's acc > bst_acc)
