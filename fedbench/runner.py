@@ -319,8 +319,8 @@ def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = Fa
             raise FedbenchError(f"aggregators: algorithm {entry!r} is not implemented yet (no conf/algorithm/"
                                 f"{name}.yaml); available: {', '.join(options)}")
         algo = OmegaConf.load(path)
-        if isinstance(entry, dict):
-            algo = OmegaConf.merge(algo, entry)
+        if isinstance(entry, dict):   # the entry's name picks the YAML (e.g. dense_fedfisher, whose method is dense)
+            algo = OmegaConf.merge(algo, {k: v for k, v in entry.items() if k != "name"})
         sub = OmegaConf.merge(cfg, {"aggregators": None})
         sub.algorithm = algo
         out.append(sub)

@@ -280,6 +280,21 @@ def test_published_configurations_load():
         ALGORITHMS.get("dense")({k: v for k, v in ff.items() if k != "name"}, _setup(server_val=False))
 
 
+def test_aggregator_entry_names_the_yaml_not_the_method():
+    """{name: dense_fedfisher, lr: 0.001} = FedFisher's DENSE configuration with one value changed (Table 3's
+    pretrained student lr); the method stays dense, and FedFisher/FedBEns presets use that configuration."""
+    from fedbench.runner import expand_aggregators
+    cfg = OmegaConf.create({"aggregators": ["dense", {"name": "dense_fedfisher", "lr": 0.001}], "algorithm": {}})
+    plain, ff = expand_aggregators(cfg, ROOT / "conf")
+    assert plain.algorithm.name == ff.algorithm.name == "dense"
+    assert (plain.algorithm.teacher_weighting, ff.algorithm.teacher_weighting) == ("uniform", "num_samples")
+    assert ff.algorithm.lr == 0.001 and ff.algorithm.epochs == 20
+    for preset in ("fedfisher/table2", "fedfisher/table3", "fedbens/table1", "fedbens/table2"):
+        aggs = OmegaConf.to_container(OmegaConf.load(ROOT / f"conf/experiment/{preset}.yaml"))["aggregators"]
+        names = [a if isinstance(a, str) else a["name"] for a in aggs]
+        assert "dense_fedfisher" in names and "dense" not in names, preset
+
+
 @pytest.mark.parametrize("cfg,needle", [
     ({"select": "best_test"}, "select"),
     ({"epochs": 0}, "epochs"),
