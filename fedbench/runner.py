@@ -152,6 +152,10 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     device = resolve_device(cfg.hardware.device)
     backend = resolve_backend(cfg.hardware.backend, device)
     seed = int(cfg.seed)
+    ckpt = None
+    if mcfg.get("pretrained") is not None:   # checked before the data are loaded
+        from fedbench.models.pretrained import check_checkpoint_path
+        ckpt = str(check_checkpoint_path(_abs(str(mcfg["pretrained"]), launch_dir)))
 
     data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
     if data.approximate:
@@ -181,7 +185,11 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
 
     torch.manual_seed(seed)  # every client starts from the same seeded initialisation
     model = build_model(mcfg["name"], input_shape=tuple(data.input_shape), num_classes=data.num_classes,
-                        **{k: v for k, v in mcfg.items() if k != "name"}).to(device)
+                        **{k: v for k, v in mcfg.items() if k not in ("name", "pretrained")}).to(device)
+    pretrained = None
+    if ckpt is not None:   # e.g. FedFisher Table 3's Tiny-ImageNet ResNet-18; the rest keeps the seeded init
+        from fedbench.models.pretrained import load_pretrained
+        pretrained = load_pretrained(model, ckpt)
     init_params = {n: p.detach().clone() for n, p in model.named_parameters()}
     set_threads(cfg.hardware.get("num_threads"), device, count_parameters(model))
 
@@ -195,6 +203,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
     stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
                    "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
+    if pretrained is not None:   # the checkpoint's content, not just its path, determines the clients
+        stage_parts["pretrained_sha256"] = pretrained["sha256"]
     if sval.mode == "holdout" and sval.size > 0:   # a hold-out changes the clients' data
         stage_parts["server_val_holdout"] = {"size": sval.size, "seed": sval.seed}
     if unl_holdout:
@@ -259,7 +269,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
             "config": config,
             "identity": identity_config(cfg),
             "partition": {"name": pcfg["name"], "client_sizes": sizes, "client_label_counts": counts},
-            "model": {"name": mcfg["name"], "num_parameters": count_parameters(model)},
+            "model": {"name": mcfg["name"], "num_parameters": count_parameters(model), "pretrained": pretrained},
             "metrics": {k: v for k, v in final.items() if k not in _NON_METRICS},
             "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
                                  thresholds=list(cfg.eval.get("thresholds") or [])),

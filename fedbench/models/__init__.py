@@ -4,6 +4,9 @@
 data (one-line ``FedbenchError`` otherwise) and builds it with the global torch RNG, so
 ``torch.manual_seed`` before the call fixes the initial weights.
 
+``model.pretrained=<path>`` (any model; a key of resnet18_mod/resnet18_nobn's YAML, ``+model.pretrained=`` for
+the others) loads a checkpoint over the seeded initialisation: fedbench/models/pretrained.py.
+
 Contract for every model (the batched engine depends on it): all trainable parameters live in
 ``nn.Linear`` / ``nn.Conv2d`` layers; everything else is parameter-free and per sample; fixed
 tensors are buffers; no BatchNorm / LayerNorm. Inputs: float [B, C, H, W] images or [B, D] rows.
@@ -20,6 +23,7 @@ tensors are buffers; no BatchNorm / LayerNorm. Inputs: float [B, C, H, W] images
 | cifarnet | FedLap (FROMP CifarNet) | 3x32x32 | 1,250,858 |
 | resnet18_nobn | FedBEns CIFAR-100 (bias-free) | 3x32x32 | 11,210,432 (100 classes) |
 | resnet18_mod | FedFisher Table 3 (bias-free) | 3x32x32 | 11,880,912 |
+| resnet18_tiny | FedFisher's Tiny-ImageNet pretraining architecture | 3x32x32 | 11,878,912 (200 classes) |
 | two_layer_relu | FedFisher synthetic | p | m * p |
 """
 from __future__ import annotations

@@ -9,7 +9,11 @@ another 4,800 more).
 ``resnet18_mod`` (FedFisher Table 3, the Tiny-ImageNet-pretrained architecture): 7x7 stride-1 pad-1
 stem (32 -> 28 pixels), the same BN-free stages, avg_pool 4, then fc 512->1000 -> linear 1000->200
 -> final 200->n_c with no nonlinearity between them; bias-free, 11,880,912 parameters for 10
-classes. Loading the pretrained checkpoint is not part of the model.
+classes. Its pretrained weights come from ``model.pretrained`` (fedbench/models/pretrained.py).
+
+``resnet18_tiny`` (the checkpoint's own architecture, "ResNet18_tiny", fedfisher.md §3.4): resnet18_mod without
+``final``: fc 512->1000 -> linear 1000->n_c (n_c = 200 for Tiny-ImageNet); what
+``scripts/pretrain_tiny_imagenet.py`` trains. All its tensors load into resnet18_mod by name.
 
 BasicBlock: conv3x3 -> ReLU -> conv3x3, plus the shortcut (identity, or a 1x1 conv with the
 block's stride when the shape changes), then ReLU. The residual addition is inside the block, so
@@ -96,3 +100,10 @@ def resnet18_mod(*, input_shape, num_classes, bias: bool = False) -> ResNet18NoB
     shape = check_image_shape("resnet18_mod", input_shape, [(3, 32, 32)])
     return ResNet18NoBN(shape, check_classes("resnet18_mod", num_classes), stem="mod7", head=(1000, 200),
                         head_names=("fc", "linear", "final"), bias=bool(bias))
+
+
+@MODELS.register("resnet18_tiny")
+def resnet18_tiny(*, input_shape, num_classes, bias: bool = False) -> ResNet18NoBN:
+    shape = check_image_shape("resnet18_tiny", input_shape, [(3, 32, 32)])
+    return ResNet18NoBN(shape, check_classes("resnet18_tiny", num_classes), stem="mod7", head=(1000,),
+                        head_names=("fc", "linear"), bias=bool(bias))
