@@ -33,17 +33,18 @@ COUNTS = [
     ("cifarnet", (3, 32, 32), 10, {"dropout": False}, 1_250_858),
     ("resnet18_nobn", (3, 32, 32), 100, {}, 11_210_432),  # fedbens.md §3.4
     ("resnet18_mod", (3, 32, 32), 10, {}, 11_880_912),    # fedfisher.md §1.6 worked numbers
+    ("resnet18_tiny", (3, 32, 32), 200, {}, 11_880_912 - 200 * 10),   # resnet18_mod without its final 200->10
     ("two_layer_relu", (2,), 0, {"width": 512}, 1_024),   # fedfisher.md §1.8: d = 2m
 ]
 
 SMALL = [c for c in COUNTS if not c[0].startswith("resnet")]
-BIAS_FREE = ["lenet", "fedma_cnn", "resnet18_nobn", "resnet18_mod", "two_layer_relu"]
+BIAS_FREE = ["lenet", "fedma_cnn", "resnet18_nobn", "resnet18_mod", "resnet18_tiny", "two_layer_relu"]
 FITS = {  # a data shape each registered model accepts
     "simple_cnn": ((3, 32, 32), 10), "lenet": ((1, 28, 28), 10), "fedma_cnn": ((3, 32, 32), 10),
     "mlp": ((1, 28, 28), 10), "mlp_500_300": ((1, 28, 28), 10), "mlp_200_100": ((784,), 10),
     "softmax_regression": ((1, 28, 28), 10), "logistic_regression": ((46,), 2), "fola_cnn": ((3, 32, 32), 10),
     "cifarnet": ((3, 32, 32), 10), "resnet18_nobn": ((3, 32, 32), 100), "resnet18_mod": ((3, 32, 32), 10),
-    "two_layer_relu": ((2,), 0),
+    "resnet18_tiny": ((3, 32, 32), 200), "two_layer_relu": ((2,), 0),
 }
 
 
@@ -285,6 +286,7 @@ def test_every_model_config_builds_and_every_model_has_one():
     for f in files:
         cfg = OmegaConf.to_container(OmegaConf.load(f), resolve=True)
         assert cfg["name"] == f.stem
+        assert cfg.pop("pretrained", None) is None   # a runner option (fedbench/models/pretrained.py), off by default
         shape, nc = FITS[cfg["name"]]
         model = _build(cfg.pop("name"), shape, nc, cfg)
         assert count_parameters(model) > 0
