@@ -1,4 +1,4 @@
-"""Batch tensor transforms on the training device: uint8 -> float (+ normalise), crop/flip augmentation.
+"""Batch tensor transforms on the training device: uint8 -> float (+ normalise), crop/flip, AutoAugment, Cutout.
 
 ``Augment`` reproduces torchvision's ``RandomCrop(H, padding=p)`` + ``RandomHorizontalFlip()``
 on whole batches without a Python loop over images, with all randomness from one generator:
@@ -8,10 +8,27 @@ on whole batches without a Python loop over images, with all randomness from one
   FedBEns' released code does by applying torchvision transforms to batch tensors
   (FedFisher note §3.1).
 
+Optional, after crop/flip (FOLA's Table I order, fola.md §3.1), both off by default:
+
+* ``autoaugment``: torchvision's ``transforms.v2.AutoAugment`` policy (``cifar10``, ``imagenet``,
+  ``svhn``) on the batch as uint8 (x·255 rounded: exact for 8-bit images, which is what the engine
+  passes), one sub-policy draw per image. torchvision draws from the *global* torch RNG, a variable
+  number of times per image; here the same draws (sub-policy index, one uniform per operation against its
+  probability, one uniform per operation for the sign of a signed magnitude) come from the given
+  generator, a fixed count per image, and torchvision's own operation code is applied to the images
+  sharing an (operation, magnitude), so runs replay exactly. ``autoaugment_fill``: pixel value (0-255)
+  of the area uncovered by shear/translate/rotate: torchvision's 0, or 128 as in the DeepVoltaire
+  CIFAR10Policy that FOLA used ([44]).
+* ``cutout``: Cutout (DeVries & Taylor) with holes of side ``cutout`` (FOLA: 16): a centre drawn
+  uniformly over the image per hole, the square around it clipped at the border and set to 0 (black,
+  before normalisation, as FOLA's code multiplies by the mask before Normalize).
+
 Draw order (fixed, so runs are reproducible): crop offsets (rows, then columns) if
-``crop_padding > 0``, then flips if ``flip``. Padding values act in the space of the tensor
-passed in: after normalisation, ``zero`` pads with the data mean and ``fill`` needs the
-normalised value of the wanted pixel.
+``crop_padding > 0``, then flips if ``flip``, then AutoAugment (sub-policy indices, probability
+uniforms [n, 2], sign uniforms [n, 2]), then Cutout centres (rows [n, holes], then columns). Padding
+values act in the space of the tensor passed in: after normalisation, ``zero`` pads with the data mean
+and ``fill`` needs the normalised value of the wanted pixel. ``per="batch"`` shares every draw across
+the batch.
 """
 from __future__ import annotations
 
@@ -25,6 +42,7 @@ from fedbench.errors import FedbenchError
 
 PAD_MODES = ("zero", "reflect", "fill")
 PER_MODES = ("sample", "batch")
+AUTOAUGMENT_POLICIES = ("cifar10", "imagenet", "svhn")
 
 
 def _stat(v, like: Tensor) -> Tensor:
@@ -59,11 +77,20 @@ def to_float(x: Tensor, mean: Optional[Sequence[float]] = None, std: Optional[Se
     return out
 
 
+def _int_option(value, key: str, lo: int, hi: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise FedbenchError(f"augment.{key} must be an integer {rng}, got {value!r}")
+    return value
+
+
 class Augment:
-    """Random crop with padding + horizontal flip (p = 0.5) for float batches [B, C, H, W]."""
+    """Random crop with padding + horizontal flip (p = 0.5), then optionally AutoAugment and Cutout, for
+    float batches [B, C, H, W] with values in [0, 1]."""
 
     def __init__(self, crop_padding: int = 0, pad_mode: str = "zero", fill: float = 0.0, flip: bool = False,
-                 per: str = "sample"):
+                 per: str = "sample", autoaugment: Optional[str] = None, autoaugment_fill: int = 0,
+                 cutout: int = 0, cutout_holes: int = 1):
         if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or crop_padding < 0:
             raise FedbenchError(f"augment.crop_padding must be an integer >= 0, got {crop_padding!r}")
         if pad_mode not in PAD_MODES:
@@ -76,15 +103,29 @@ class Augment:
             fill = float(fill)
         except (TypeError, ValueError):
             raise FedbenchError(f"augment.fill must be a number, got {fill!r}") from None
+        if autoaugment in (None, "none"):
+            autoaugment = None
+        elif autoaugment not in AUTOAUGMENT_POLICIES:
+            raise FedbenchError(f"augment.autoaugment must be none or one of {', '.join(AUTOAUGMENT_POLICIES)}, "
+                                f"got {autoaugment!r}")
+        self.autoaugment_fill = _int_option(autoaugment_fill, "autoaugment_fill", 0, 255)
+        self.cutout = _int_option(cutout, "cutout", 0)
+        self.cutout_holes = _int_option(cutout_holes, "cutout_holes", 1)
         self.crop_padding, self.pad_mode, self.fill, self.flip, self.per = crop_padding, pad_mode, fill, flip, per
+        self.autoaugment = autoaugment
+        self._aa = None
+        if autoaugment is not None:
+            from torchvision.transforms import v2
+            self._aa = v2.AutoAugment(v2.AutoAugmentPolicy(autoaugment), fill=self.autoaugment_fill)
 
     @property
     def enabled(self) -> bool:
-        return self.crop_padding > 0 or self.flip
+        return self.crop_padding > 0 or self.flip or self.autoaugment is not None or self.cutout > 0
 
     def __repr__(self) -> str:
         return (f"Augment(crop_padding={self.crop_padding}, pad_mode={self.pad_mode!r}, fill={self.fill}, "
-                f"flip={self.flip}, per={self.per!r})")
+                f"flip={self.flip}, per={self.per!r}, autoaugment={self.autoaugment!r}, "
+                f"autoaugment_fill={self.autoaugment_fill}, cutout={self.cutout}, cutout_holes={self.cutout_holes})")
 
     def _pad(self, x: Tensor) -> Tensor:
         p = self.crop_padding
@@ -123,4 +164,61 @@ class Augment:
                     x = x.flip(-1)
             else:
                 x = torch.where(flips.to(x.device)[:, None, None, None], x.flip(-1), x)
+        if self._aa is not None:
+            x = self._autoaugment(x, generator, n)
+        if self.cutout > 0:
+            x = self._cutout(x, generator, n)
         return x.contiguous()
+
+    def _autoaugment(self, x: Tensor, generator: torch.Generator, n: int) -> Tensor:
+        aa = self._aa
+        policies = aa._policies
+        b, _, h, w = x.shape
+        pick = torch.randint(0, len(policies), (n,), generator=generator).tolist()
+        apply_u = torch.rand(n, 2, generator=generator).tolist()
+        sign_u = torch.rand(n, 2, generator=generator).tolist()
+        if n == 1:   # per="batch": one draw for every image
+            pick, apply_u, sign_u = pick * b, apply_u * b, sign_u * b
+        img = x.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+        # many tiny ops on a few 32x32 images: intra-op threads only add synchronisation on CPU (measured
+        # 930 ms vs 13 ms per 32-image batch with 2 threads vs 1 on a busy 2-core machine)
+        threads = torch.get_num_threads()
+        if img.device.type == "cpu" and threads > 1:
+            torch.set_num_threads(1)
+        try:
+            self._apply_policies(img, policies, pick, apply_u, sign_u, h, w)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+        return img.to(x.dtype).div_(255.0)
+
+    def _apply_policies(self, img: Tensor, policies, pick, apply_u, sign_u, h: int, w: int) -> None:
+        aa = self._aa
+        b = img.shape[0]
+        for stage in (0, 1):
+            groups: dict = {}
+            for i in range(b):
+                op, prob, mag_idx = policies[pick[i]][stage]
+                if not apply_u[i][stage] <= prob:   # torchvision: skip unless U <= p
+                    continue
+                mags_fn, signed = aa._AUGMENTATION_SPACE[op]
+                mags = mags_fn(10, h, w)
+                mag = 0.0 if mags is None else float(mags[mag_idx])
+                if mags is not None and signed and sign_u[i][stage] <= 0.5:
+                    mag = -mag
+                groups.setdefault((op, mag), []).append(i)
+            for (op, mag), rows in groups.items():
+                ix = torch.tensor(rows, device=img.device)
+                img[ix] = aa._apply_image_or_video_transform(img[ix], op, mag, interpolation=aa.interpolation,
+                                                             fill=aa._fill)
+
+    def _cutout(self, x: Tensor, generator: torch.Generator, n: int) -> Tensor:
+        b, _, h, w = x.shape
+        k, half = self.cutout_holes, self.cutout // 2
+        cy = torch.randint(0, h, (n, k), generator=generator).to(x.device)
+        cx = torch.randint(0, w, (n, k), generator=generator).to(x.device)
+        rows, cols = torch.arange(h, device=x.device), torch.arange(w, device=x.device)
+        in_r = (rows >= (cy - half).clamp(0, h)[..., None]) & (rows < (cy + half).clamp(0, h)[..., None])   # [n,k,H]
+        in_c = (cols >= (cx - half).clamp(0, w)[..., None]) & (cols < (cx + half).clamp(0, w)[..., None])   # [n,k,W]
+        hole = (in_r[..., :, None] & in_c[..., None, :]).any(1)                                             # [n,H,W]
+        return x.masked_fill(hole[:, None].expand(b, -1, -1, -1), 0.0)
