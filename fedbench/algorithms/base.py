@@ -99,6 +99,12 @@ class Algorithm:
     def local_objective(self, state: Dict[str, Any], client_ids: Sequence[int], round_idx: int) -> LocalObjective:
         return LocalObjective()
 
+    def local_train(self, state: Dict[str, Any], client_ids: Sequence[int], round_idx: int, seed: int,
+                    progress=None) -> Optional[TrainResult]:
+        """A method's own client stage (another model or loss than the engine's, e.g. FedOV's C+1 classes);
+        None (the default) = the engine trains ``start_params``. Still cached under ``client_stage_key``."""
+        return None
+
     def client_message(self, client_id: int, params: Params, result: TrainResult, pos: int,
                        state: Dict[str, Any], round_idx: int) -> Message:
         n = len(self.setup.client_indices[client_id])

@@ -17,9 +17,13 @@ def predict_proba(model: nn.Module, params: Params | Sequence[Params], inputs, n
                   batch_size: int = 2048, task: str = "classification") -> Tensor:
     """Predictive probabilities [n, C] (or predictions [n] for regression).
 
-    ``params`` may be one weight dict or a list (an ensemble: softmax averaged over members).
+    ``params`` may be one weight dict, a list (an ensemble: softmax averaged over members) or a callable
+    predictor that maps an input batch to its probabilities [B, C] (a method's own rule, e.g. FedOV's vote).
     ``inputs(idx)`` returns the model input for sample indices ``idx`` (normalised floats).
     """
+    if callable(params):
+        return torch.cat([params(inputs(torch.arange(s, min(n, s + batch_size)))).double()
+                          for s in range(0, n, batch_size)])
     members = [params] if isinstance(params, dict) else list(params)
     was_training = model.training
     model.eval()

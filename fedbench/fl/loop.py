@@ -114,6 +114,9 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
 
             def train(m: int = 0):
                 # member 0 = the plain training; member m >= 1: the algorithm's m-th start, own shuffling seed
+                own = algo.local_train(state, ids, r, setup.seed, bar) if m == 0 else None
+                if own is not None:   # the method trains its own clients (e.g. FedOV)
+                    return own
                 start = algo.start_params(state, ids) if m == 0 else algo.member_start_params(state, ids, m, r)
                 return train_clients(setup.model, setup.train, setup.client_indices, start,
                                      setup.local, objective=algo.local_objective(state, ids, r),
@@ -159,6 +162,8 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
                 for name, params in (state.get("extra_eval") or {}).items():
                     for k, v in evaluate(setup.model, params, setup.test_inputs, setup.test_y, **ev).items():
                         metrics[f"{name}_{k}"] = v
+                # scalars a method computes itself (e.g. fedfisher_full's global training loss)
+                metrics.update({k: float(v) for k, v in (state.get("extra_metrics") or {}).items()})
                 if setup.local_accuracy and setup.task == "classification":
                     accs = [evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
                             for p in result.params]
