@@ -17,3 +17,33 @@ def test_first_round_reaching():
     s = summarize(H, thresholds=[40, 60])
     assert s["first_round_accuracy_ge_40"] == 2 and s["first_round_accuracy_ge_60"] is None
     assert s["last3_max_accuracy"] == 50
+
+
+def test_record_value_reads_metrics_summaries_and_component_families():
+    import pytest
+    from fedbench.results.summaries import record_value
+
+    rec = {"metrics": {"accuracy": 60.0, "nll": None, "component0_accuracy": 53.0, "component1_accuracy": 59.5,
+                       "component2_accuracy": 57.0, "component0_nll": 9.0},
+           "summary": {"first_round_accuracy_ge_97.5": 6, "first_round_accuracy_ge_99": None}}
+    assert record_value(rec, "metrics.accuracy") == (60.0, "value")
+    assert record_value(rec, "accuracy") == (60.0, "value")                     # a bare key is a metric
+    assert record_value(rec, "summary.first_round_accuracy_ge_97.5") == (6.0, "value")   # dots after the first kept
+    assert record_value(rec, "summary.first_round_accuracy_ge_99") == (None, "null")     # never reached
+    assert record_value(rec, "summary.first_round_accuracy_ge_50") == (None, "absent")   # threshold not recorded
+    assert record_value(rec, "metrics.nll") == (None, "null")
+    assert record_value(rec, "min(metrics.component*_accuracy)") == (53.0, "value")      # nll entries not matched
+    assert record_value(rec, "max(metrics.component*_accuracy)") == (59.5, "value")
+    assert record_value(rec, "mean(metrics.component*_accuracy)")[0] == pytest.approx((53 + 59.5 + 57) / 3)
+    assert record_value({"metrics": {"accuracy": 1.0}}, "max(metrics.component*_accuracy)") == (None, "absent")
+
+
+def test_bad_sources_are_one_line_errors():
+    import pytest
+    from fedbench.errors import FedbenchError
+    from fedbench.results.summaries import parse_source
+
+    assert parse_source("max(summary.first_round_*)") == ("max", "summary", "first_round_*")
+    for bad in ("metrics.component*_accuracy", "median(metrics.accuracy)", "metrics.", "min(metrics.a b)"):
+        with pytest.raises(FedbenchError):
+            parse_source(bad)

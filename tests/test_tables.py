@@ -1,5 +1,6 @@
 """Collection of run records into a paper table, on synthetic records."""
 import json
+import math
 
 import pytest
 
@@ -70,3 +71,128 @@ def test_row_variants_merge_into_one_column_only_when_they_never_share_a_row():
     s2 = pd.concat([s, pd.DataFrame([{"dataset": "uci", "method": "fedprox(mu=0.1)", "n": 1, "planned": 1,
                                       "mean": 1.0, "std": 0.0}])], ignore_index=True)
     assert set(merge_row_variants(s2, ["dataset"])["method"]) == {"fedprox(mu=1)", "fedprox(mu=0.1)", "fedavg"}
+
+
+# --- derived columns (table.columns): rounds to an accuracy, min / max over components, GA / LA ---------------
+def _fake_records(out, preset, record_for):
+    """An ok record for every (run, aggregator) of a preset's sweep for which ``record_for(cfg)`` returns a dict."""
+    for ovs in expand_sweep(preset):
+        for sub in expand_aggregators(compose_run(ovs), CONF_DIR, allow_missing=True):
+            if sub.algorithm.get("_missing"):
+                continue
+            rec = record_for(sub)
+            if rec is not None:
+                rid = compute_run_id(sub)
+                write_json_atomic(out / "runs" / rid / "metrics.json", {"run_id": rid, "status": "ok", **rec})
+
+
+def _cell(s, **keys):
+    sel = s
+    for k, v in keys.items():
+        sel = sel[sel[k].astype(str) == str(v)]
+    assert len(sel) == 1, (keys, len(sel))
+    return sel.iloc[0]
+
+
+def test_fedlap_table3_rounds_to_accuracy_with_never(tmp_path):
+    from fedbench.results.tables import attach_reference
+    out = tmp_path / "out"
+    preset = ["experiment=fedlap/table3", "profile=paper", "seed=0,1,2", "dataset=mnist", "partition=homo"]
+    firsts = {("mnist", "fedavg"): [5, 6, 8], ("mnist", "feddyn"): [3, None, 4]}   # feddyn seed 1 never reaches 97.5
+
+    def rec(c):
+        if c.dataset.name != "mnist" or c.partition.name != "homo" or c.algorithm.name not in ("fedavg", "feddyn"):
+            return None
+        r = firsts[("mnist", c.algorithm.name)][c.seed]
+        return {"metrics": {"accuracy": 97.9}, "summary": {"first_round_accuracy_ge_97.5": r,
+                                                          "first_round_accuracy_ge_72": 1}}
+    _fake_records(out, preset, rec)
+    df = table_runs(preset, out)
+    # the 97.5 % column applies to MNIST rows only, 72 % to CIFAR-10 only, 75/78 % to FMNIST and CIFAR-10
+    assert set(df["threshold"]) == {97.5}
+    for ds, want in (("fmnist", {75, 78}), ("cifar10", {72, 75, 78})):
+        other = table_runs(["experiment=fedlap/table3", "profile=quick", f"dataset={ds}"], out)
+        assert set(other["threshold"]) == want and (other["status"] == "missing").all()
+    s = attach_reference(summarise(df), "fedlap", "table3")
+    avg = _cell(s, dataset="mnist", partition="homog", method="fedavg")
+    assert (avg["n"], avg["never"], avg["finished"]) == (3, 0, 3)
+    assert avg["mean"] == pytest.approx(19 / 3) and avg["std"] == pytest.approx(1.5275, abs=1e-4)
+    assert avg["paper"] == 6.0 and avg["metric"] == "rounds_to_acc"
+    dyn = _cell(s, dataset="mnist", partition="homog", method="feddyn")
+    assert (dyn["n"], dyn["never"], dyn["finished"]) == (2, 1, 3) and dyn["mean"] == pytest.approx(3.5)
+    assert _cell(s, dataset="mnist", partition="homog", method="fedlap")["finished"] == 0
+    md = to_markdown(s, df.attrs["table"], "paper")
+    assert "| dataset | partition | num_clients | threshold | fedavg | fedprox(mu=0.1) | feddyn |" in md
+    row = next(l for l in md.splitlines() if l.startswith("| mnist | homog | 10 | 97.5 |"))
+    assert "6.33 ± 1.53 (n=3) / 6.00 / Δ +0.33" in row
+    assert "never 1/3; reached: 3.50 ± 0.71 (n=2) / 4.00 |" in row          # shown, no difference taken
+    assert "not run (0/3)" in row
+
+
+def test_fedbens_table8_ensemble_min_max_components(tmp_path):
+    from fedbench.results.tables import attach_reference
+    out = tmp_path / "out"
+    preset = ["experiment=fedbens/table8", "profile=paper", "dataset=fmnist", "seed=0,1"]
+    comps = {0: [50.0, 58.0, 55.0, 52.0, 57.0], 1: [54.0, 60.0, 53.0, 59.0, 56.0]}
+
+    def rec(c):
+        if c.partition.alpha != 0.05:
+            return None
+        m = {f"component{i}_accuracy": a for i, a in enumerate(comps[c.seed])}
+        return {"metrics": {"accuracy": 61.0 + c.seed, "component0_nll": 0.1, **m}}
+    _fake_records(out, preset, rec)
+    s = attach_reference(summarise(table_runs(preset, out)), "fedbens", "table8")
+    ens = _cell(s, partition="alpha=0.05", column="ensemble")
+    lo = _cell(s, partition="alpha=0.05", column="min component")
+    hi = _cell(s, partition="alpha=0.05", column="max component")
+    assert ens["mean"] == pytest.approx(61.5) and ens["paper"] == 60.08
+    assert lo["mean"] == pytest.approx(51.5) and lo["std"] == pytest.approx(2.1213, abs=1e-4) and lo["paper"] == 53.41
+    assert hi["mean"] == pytest.approx(59.0) and hi["paper"] == 59.98 and hi["n"] == 2
+    assert _cell(s, partition="alpha=0.4", column="max component")["finished"] == 0
+    md = to_markdown(s, {**table_runs(preset, out).attrs["table"]}, "paper")
+    assert "| dataset | partition | fedbens: ensemble | fedbens: min component | fedbens: max component |" in md
+    assert "51.50 ± 2.12 (n=2) / 53.41 / Δ -1.91" in md
+
+
+def test_fola_table2_ga_la_and_rounds_columns(tmp_path):
+    from fedbench.results.tables import attach_reference
+    out = tmp_path / "out"
+    preset = ["experiment=fola/table2", "profile=paper", "seed=0"]
+
+    def rec(c):
+        if c.algorithm.name not in ("fedavg", "scaffold"):
+            return None
+        avg = c.algorithm.name == "fedavg"
+        return {"metrics": {"accuracy": 43.0 if avg else 20.0, "local_accuracy": 14.0},
+                "summary": {"first_round_accuracy_ge_30": 25 if avg else None,
+                            "first_round_accuracy_ge_40": 70 if avg else None}}
+    _fake_records(out, preset, rec)
+    df = table_runs(preset, out)
+    s = attach_reference(summarise(df), "fola", "table2")
+    assert _cell(s, method="fedavg", column="GA")["paper"] == 42.16
+    assert _cell(s, method="fedavg", column="LA")["paper"] == 14.15
+    r30 = _cell(s, method="fedavg", column="round GA=30%")
+    assert r30["mean"] == 25 and r30["paper"] == 23
+    sc = _cell(s, method="scaffold", column="round GA=40%")
+    assert sc["never"] == 1 and sc["n"] == 0 and math.isnan(sc["paper"])     # the paper's "-": never either
+    md = to_markdown(s, df.attrs["table"], "paper")
+    assert "| dataset | partition | local_epochs | method | GA | LA | round GA=30% | round GA=40% |" in md
+    row = next(l for l in md.splitlines() if "| scaffold |" in l)
+    assert "20.00 ± 0.00 (n=1) / 20.30 / Δ -0.30" in row and row.count("never 1/1 / —") == 2
+
+
+def test_bad_column_declarations_fail_with_one_line():
+    from fedbench.errors import FedbenchError
+    from fedbench.results.tables import column_specs, table_layout
+    import pandas as pd
+    meta = {"paper": "x", "id": "t", "rows": ["dataset", "partition"]}
+    for cols, match in [([{"name": "a"}], "name and a value"),
+                        ([{"name": "a", "value": "accuracy", "colour": 1}], "unknown field"),
+                        ([{"name": "a", "value": "metrics.component*_acc"}], "glob"),
+                        ([{"name": "a", "value": "accuracy", "where": {"alpha": 1}}], "filters on 'alpha'"),
+                        ([{"name": "a", "value": "accuracy", "keys": {"dataset": 1}}], "clashes"),
+                        ([{"name": "a", "value": "accuracy"}, {"name": "a", "value": "nll"}], "twice")]:
+        with pytest.raises(FedbenchError, match=match):
+            column_specs({**meta, "columns": cols})
+    with pytest.raises(FedbenchError, match="layout"):
+        table_layout({**meta, "layout": {"rows": ["dataset", "threshold"]}}, pd.DataFrame())

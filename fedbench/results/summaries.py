@@ -1,12 +1,16 @@
 """Per-run summaries of a metric's history that the papers report.
 
 * mean / max over the last k evaluated rounds (FedLap Tables 1/4: mean of the last 3; Table 2: max);
-* first round whose value reaches a threshold (FedLap Table 3, FOLA Table II; None = never).
+* first round whose value reaches a threshold (FedLap Table 3, FOLA Table II; None = never);
+* the value a table cell reads from a run record (``record_value``: a metric, a summary, or the min / max / mean
+  over a family of metrics such as FedBEns' per-component accuracies, Table 8).
 """
 from __future__ import annotations
 
+import fnmatch
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 def _series(history: Sequence[Mapping[str, Any]], metric: str) -> List[tuple]:
@@ -40,3 +44,53 @@ def summarize(history, *, metric: str = "accuracy", last: int = 3, thresholds: S
     for t in thresholds:
         out[f"first_round_{metric}_ge_{t:g}"] = first_round_reaching(history, t, metric)
     return out
+
+
+# --- what a table cell reads from one run record (a preset's ``table.columns[*].value``) ----------------------
+# ``metrics.<key>`` (final-round metrics), ``summary.<key>`` (the summaries above), a bare ``<key>`` (= metrics),
+# or ``min|max|mean(<section>.<glob>)`` over every key matching the glob (FedBEns' ``component*_accuracy``).
+_SOURCE = re.compile(r"^(?:(min|max|mean)\((.+)\)|(.+))$")
+SECTIONS = ("metrics", "summary")
+
+
+def parse_source(text: str) -> Tuple[Optional[str], str, str]:
+    """``'max(metrics.component*_accuracy)'`` -> ``('max', 'metrics', 'component*_accuracy')``."""
+    from fedbench.errors import FedbenchError
+
+    m = _SOURCE.match(str(text).strip())
+    how, body = (m.group(1), m.group(2)) if m and m.group(1) else (None, m.group(3) if m else "")
+    section, dot, key = body.partition(".")   # only the first dot: 'first_round_accuracy_ge_97.5' keeps its own
+    if not dot or section not in SECTIONS:
+        section, key = "metrics", body
+    if not key or any(c in key for c in "() \t"):
+        raise FedbenchError(f"table column value {text!r}: expected metrics.<key>, summary.<key> or "
+                            f"min|max|mean(<section>.<glob>)")
+    if how is None and any(c in key for c in "*?["):
+        raise FedbenchError(f"table column value {text!r}: a glob needs min(...), max(...) or mean(...)")
+    return how, section, key
+
+
+def _number(v) -> Optional[float]:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def record_value(record: Mapping[str, Any], source: str) -> Tuple[Optional[float], str]:
+    """(value, state) of ``source`` in a run record; state is ``value``, ``null`` (the key exists without a
+    number: for ``first_round_*`` summaries, the threshold was never reached) or ``absent``."""
+    how, section, key = parse_source(source)
+    data = record.get(section) or {}
+    if how is None:
+        if key not in data:
+            return None, "absent"
+        v = _number(data[key])
+        return (v, "value") if v is not None else (None, "null")
+    vals = [x for k, v in data.items() if fnmatch.fnmatchcase(k, key) for x in [_number(v)] if x is not None]
+    if not vals:
+        return None, "absent"
+    return {"min": min, "max": max, "mean": lambda s: sum(s) / len(s)}[how](vals), "value"

@@ -4,6 +4,15 @@ A table is defined by its experiment preset: the preset's sweep is expanded into
 config gives its row keys (data set, partition label, clients, epochs, ...) and method, and its
 run_id finds its record. Records therefore belong to every table whose sweep contains them (FedLPA
 Table 3's λ = 0.001 column is Table 1's runs), and cells whose runs are missing are marked.
+
+By default a cell is one metric of the run's final round (``accuracy``, or the preset's ``table.metric``).
+A preset can instead declare ``table.columns``: one entry per derived column, each saying what it reads
+from a run record (``value``: ``metrics.<key>``, ``summary.<key>`` or ``min|max|mean(<section>.<glob>)``,
+see ``fedbench.results.summaries.record_value``), which reference cells it is compared with (``metric`` and
+``keys``, e.g. ``{threshold: 97.5}``), on which rows it applies (``where``) and whether a null summary means
+"never reached" (``never``); ``table.layout`` places row keys, ``method`` and ``column`` on the table's
+rows or columns as the paper does (FedLap Table 3, FedBEns Table 8, FOLA Table II). ``table.label_keys``
+names algorithm keys that tell variants of one method apart in a figure or table (FedDyn's weight decay).
 """
 from __future__ import annotations
 
@@ -18,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id, read_record
-from fedbench.results.summaries import last_k
+from fedbench.results.summaries import last_k, parse_source, record_value
 
 
 def partition_label(p: Dict[str, Any]) -> str:
@@ -75,6 +84,9 @@ KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
     "lambda": lambda c: _algo_key(c, "fedlpa", lambda a: a.get("damping")),                 # FedLPA Table 3
     "s_q": lambda c: _algo_key(c, "fedfisher", _s_q),                                        # FedFisher Tables 4-5
     "M": lambda c: _algo_key(c, "fedbens", lambda a: "custom" if a.get("members_per_client") else a.get("members")),
+    "T": lambda c: _algo_key(c, "fedbens", lambda a: a.get("temperature")),                   # FedBEns Fig. 4
+    "sigma2": lambda c: _algo_key(c, "fedbens", lambda a: a.get("prior_var")),                # FedBEns Fig. 5
+    "width": lambda c: (c.get("model") or {}).get("width"),                                  # FedFisher Fig. 1a
 }
 
 
@@ -87,17 +99,103 @@ def row_value(cfg: Dict[str, Any], key: str):
     return node
 
 
+
+def norm_key(v) -> str:
+    """A key value as text for joins and filters: numbers print the same whatever their type (75, 75.0,
+    "75"), missing values (None, NaN, NA) are ""."""
+    if v is None or v is pd.NA or isinstance(v, bool):
+        return "" if v is None or v is pd.NA else str(v)
+    if isinstance(v, float) and math.isnan(v):
+        return ""
+    try:
+        return f"{float(v):g}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+# --- derived columns (table.columns) -------------------------------------------------------------------
+_SPEC_FIELDS = ("name", "value", "metric", "keys", "where", "never")
+_RESERVED = ("method", "algorithm", "seed", "profile", "run_id", "status", "missing_method", "column", "metric",
+             "value", "never", "rounds")
+
+
+class ColumnSpec:
+    """One derived column of a table: what it reads from each run record and how it meets the paper's cells."""
+
+    def __init__(self, name: str, value: str, metric: str = "accuracy", keys: Optional[Dict[str, Any]] = None,
+                 where: Optional[Dict[str, Any]] = None, never: bool = False):
+        self.name, self.value, self.metric, self.never = str(name), str(value), str(metric), bool(never)
+        self.keys = dict(keys or {})
+        self.where = {k: [norm_key(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+                      for k, v in (where or {}).items()}
+
+    def applies(self, cfg: Dict[str, Any]) -> bool:
+        return all(norm_key(row_value(cfg, k)) in vals for k, vals in self.where.items())
+
+
+def column_specs(meta: Dict[str, Any]) -> List[ColumnSpec]:
+    """The preset's ``table.columns`` (empty: one metric per cell), checked with one-line errors."""
+    cols = meta.get("columns") or []
+    where = f"preset {meta.get('paper')}/{meta.get('id')}: table.columns"
+    if not isinstance(cols, list):
+        raise FedbenchError(f"{where} must be a list of {{name, value, ...}} entries")
+    if cols and meta.get("at_rounds"):
+        raise FedbenchError(f"{where} and table.at_rounds cannot be combined")
+    rows = set(meta.get("rows") or ["dataset", "partition"])
+    specs, names = [], set()
+    for c in cols:
+        if not isinstance(c, dict) or "name" not in c or "value" not in c:
+            raise FedbenchError(f"{where}: every entry needs a name and a value, got {c!r}")
+        extra = set(c) - set(_SPEC_FIELDS)
+        if extra:
+            raise FedbenchError(f"{where}: unknown field(s) {', '.join(sorted(extra))} in {c['name']!r} "
+                                f"(allowed: {', '.join(_SPEC_FIELDS)})")
+        if c["name"] in names:
+            raise FedbenchError(f"{where}: column name {c['name']!r} is used twice")
+        names.add(c["name"])
+        parse_source(c["value"])
+        for k in c.get("where") or {}:
+            if k not in rows and k not in KEY_FUNCS:
+                raise FedbenchError(f"{where}: {c['name']!r} filters on {k!r}, which is neither a row key "
+                                    f"({', '.join(sorted(rows))}) nor one of {', '.join(KEY_FUNCS)}")
+        for k in c.get("keys") or {}:
+            if k in rows or k in _RESERVED:
+                raise FedbenchError(f"{where}: {c['name']!r} key {k!r} clashes with a row key or a reserved column")
+        specs.append(ColumnSpec(c["name"], c["value"], c.get("metric", "accuracy"), c.get("keys"), c.get("where"),
+                                c.get("never", False)))
+    return specs
+
+
+def spec_key_names(specs: Sequence[ColumnSpec]) -> List[str]:
+    return list(dict.fromkeys(k for s in specs for k in s.keys))
+
+
+def variant_label(label: str, algo: Dict[str, Any], label_keys: Optional[Dict[str, Any]]) -> str:
+    """``feddyn`` -> ``feddyn(weight_decay=1e-05)`` when the preset's ``table.label_keys`` names the key."""
+    keys = (label_keys or {}).get(label) or (label_keys or {}).get(algo.get("name"))
+    if not keys:
+        return label
+    return f"{label}({','.join(f'{k}={norm_key(algo.get(k))}' for k in keys)})"
+
+
 def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optional[Path] = None) -> pd.DataFrame:
-    """One row per (run of the table's sweep, aggregator): keys, method, run_id, status, metrics."""
+    """One row per (run of the table's sweep, aggregator): keys, method, run_id, status, metrics.
+
+    With ``table.columns``: one row per (run, aggregator, column that applies) with ``column``, ``metric``,
+    the column's keys, ``value`` and ``never`` (a finished run whose summary says the threshold was never reached).
+    """
     from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
     from fedbench.runner import expand_aggregators
 
     conf_dir = conf_dir or CONF_DIR
     rows = []
     meta = None
+    specs: List[ColumnSpec] = []
     for ovs in expand_sweep(overrides, conf_dir):
         cfg = compose_run(ovs, conf_dir)
-        meta = meta or (OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {})
+        if meta is None:
+            meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
+            specs = column_specs(meta)   # a bad declaration fails before any record is read
         subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
         for sub in subs:
             c = OmegaConf.to_container(sub, resolve=True)
@@ -105,10 +203,19 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             rec = read_record(output_root / "runs" / rid / "metrics.json") or {}
             keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
             row = {k: row_value(c, k) for k in keys}
-            row.update({"method": method_label(c["algorithm"]), "algorithm": c["algorithm"]["name"],
+            row.update({"method": variant_label(method_label(c["algorithm"]), c["algorithm"], meta.get("label_keys")),
+                        "algorithm": c["algorithm"]["name"],
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
                         "status": rec.get("status", "missing"),
                         "missing_method": bool(c["algorithm"].get("_missing"))})
+            if specs:
+                for s in specs:
+                    if not s.applies(c):
+                        continue
+                    val, state = record_value(rec, s.value) if row["status"] == "ok" else (None, "absent")
+                    rows.append({**row, "column": s.name, "metric": s.metric, **s.keys, "value": val,
+                                 "never": bool(s.never and state == "null")})
+                continue
             at_rounds = meta.get("at_rounds")
             if not at_rounds:
                 row.update(rec.get("metrics") or {})
@@ -139,16 +246,27 @@ def _history(path: Path) -> List[Dict[str, Any]]:
 
 
 def summarise(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
-    keys = list((df.attrs.get("table") or {}).get("rows") or ["dataset", "partition"])
-    ok = df[df["status"] == "ok"] if "status" in df else df
+    """One row per cell: n (values), finished (ok runs), never (ok runs that never reached a threshold),
+    planned (runs of the sweep), mean and sample std over the values."""
+    meta = df.attrs.get("table") or {}
+    keys = list(meta.get("rows") or ["dataset", "partition"])
+    specs = column_specs(meta)
+    vcol = "value" if specs else metric
+    carry = (["metric"] + spec_key_names(specs)) if specs else []
+    group = keys + (["column"] if specs else []) + ["method"]
     groups = []
-    for key_vals, g in df.groupby(keys + ["method"], sort=False, dropna=False):
-        vals = ok.loc[ok.index.intersection(g.index), metric] if metric in ok else pd.Series(dtype=float)
-        vals = vals.dropna().astype(float)
-        groups.append({**dict(zip(keys + ["method"], key_vals)), "n": len(vals), "planned": len(g),
-                       "mean": vals.mean() if len(vals) else math.nan,
-                       "std": vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) == 1 else math.nan)})
-    return merge_row_variants(pd.DataFrame(groups), keys)
+    if df.empty:
+        return pd.DataFrame(groups)
+    for key_vals, g in df.groupby(group, sort=False, dropna=False):
+        ok = g[g["status"] == "ok"] if "status" in g else g
+        vals = pd.to_numeric(ok[vcol], errors="coerce").dropna().astype(float) if vcol in ok else pd.Series(dtype=float)
+        never = int(ok["never"].fillna(False).astype(bool).sum()) if "never" in ok else 0
+        cell = {**dict(zip(group, key_vals)), **{k: g[k].iloc[0] if k in g else None for k in carry},
+                "n": len(vals), "finished": len(ok), "never": never, "planned": len(g),
+                "mean": vals.mean() if len(vals) else math.nan,
+                "std": vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) == 1 else math.nan)}
+        groups.append(cell)
+    return merge_row_variants(pd.DataFrame(groups), keys + (["column"] if specs else []))
 
 
 def merge_row_variants(summary: pd.DataFrame, keys: List[str]) -> pd.DataFrame:
@@ -169,23 +287,32 @@ def merge_row_variants(summary: pd.DataFrame, keys: List[str]) -> pd.DataFrame:
     return out
 
 
+_NOT_JOINED = ("method", "mean", "std", "n", "finished", "never", "planned", "variant", "column", "paper")
+
+
 def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str = "accuracy") -> pd.DataFrame:
+    """The paper's number beside each cell (``paper``, ``paper_std``), joined on every key the cell and the
+    reference CSV share (and on ``metric`` for derived columns), method variants on their base name."""
     try:
         from fedbench.results.reference import load_reference
         ref = load_reference(paper, table)
     except (ImportError, FedbenchError, FileNotFoundError):
+        ref = None
+    if ref is None or summary.empty:
+        summary = summary.copy()
         summary["paper"] = math.nan
         return summary
-    ref = ref[ref["metric"] == metric] if "metric" in ref else ref
+    if "metric" in ref and "metric" not in summary:
+        ref = ref[ref["metric"] == metric]
     ref = ref.copy()
     ref["base_method"] = ref["method"]
     summary = summary.copy()
     summary["base_method"] = summary["method"].str.replace(r"\(.*\)$", "", regex=True)
-    on = [k for k in summary.columns if k in ref.columns and k not in ("method", "mean", "std", "n")]
+    on = [k for k in summary.columns if k in ref.columns and k not in _NOT_JOINED]
     on = [k for k in on if k != "base_method"] + ["base_method"]
-    for k in on:  # compare as strings: numeric keys print the same in both
-        summary[k + "__j"] = summary[k].astype(str)
-        ref[k + "__j"] = ref[k].astype(str)
+    for k in on:  # compare as text: numeric keys print the same in both
+        summary[k + "__j"] = summary[k].map(norm_key)
+        ref[k + "__j"] = ref[k].map(norm_key)
     merged = summary.merge(ref[[k + "__j" for k in on] + ["mean", "std"]].rename(
         columns={"mean": "paper", "std": "paper_std"}), on=[k + "__j" for k in on], how="left")
     return merged.drop(columns=[k + "__j" for k in on] + ["base_method"])
@@ -195,48 +322,121 @@ def _fmt(x, digits=2):
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, approx_note: str = "") -> str:
+def _missing(x) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+
+
+def format_cell(r: Dict[str, Any]) -> str:
+    """ours / the paper's number / difference. ``never k/m``: k of the m finished runs never reached the
+    threshold (no mean is compared then: the papers print a number only when every run reached it)."""
+    paper = r.get("paper", math.nan)
+    ref = "—" if _missing(paper) else _fmt(paper)
+    n, never = int(r["n"]), int(r.get("never", 0) or 0)
+    finished = int(r.get("finished", n) if not _missing(r.get("finished")) else n)
+    stats = f"{_fmt(r['mean'])} ± {_fmt(r['std'])} (n={n})"
+    diff = ""
+    if finished == 0:
+        ours = f"not run (0/{int(r['planned'])})"
+    elif never:
+        ours = f"never {never}/{never + n}" + (f"; reached: {stats}" if n else "")
+    elif n == 0:
+        ours = f"no value ({finished} finished)"
+    else:
+        ours = stats
+        diff = f" / Δ {r['mean'] - paper:+.2f}" if ref != "—" else ""
+    variant = f" {r['variant']}" if isinstance(r.get("variant"), str) and r.get("variant") else ""
+    return f"{ours} / {ref}{diff}{variant}"
+
+
+def table_layout(meta: Dict[str, Any], summary: pd.DataFrame) -> tuple:
+    """(row keys, column keys) of the markdown table: ``table.layout``, or the row keys × methods
+    (× derived columns)."""
+    specs = column_specs(meta)
     keys = list(meta.get("rows") or ["dataset", "partition"])
-    methods = list(dict.fromkeys(summary["method"]))
+    lay = meta.get("layout") or {}
+    rows = list(lay.get("rows") or keys)
+    cols = list(lay.get("columns") or (["method", "column"] if specs else ["method"]))
+    known = set(keys) | {"method"} | ({"column", "metric"} | set(spec_key_names(specs)) if specs else set())
+    bad = [k for k in rows + cols if k not in known]
+    if bad or set(rows) & set(cols):
+        raise FedbenchError(f"preset {meta.get('paper')}/{meta.get('id')}: table.layout uses "
+                            f"{', '.join(bad) or 'a key twice'}; choose each of {', '.join(sorted(known))} at most once")
+    return rows, cols
+
+
+def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, approx_note: str = "",
+                metric: str = "accuracy") -> str:
+    specs = column_specs(meta)
+    row_keys, col_keys = table_layout(meta, summary)
+    recs = summary.to_dict("records")
+    col_vals = list(dict.fromkeys(tuple(norm_key(r.get(k)) for k in col_keys) for r in recs))
     lines = [f"# {meta.get('paper', '?')} {meta.get('id', '?')}: {meta.get('title', '')}", "",
              f"Profile: **{profile}**" + (" (reduced settings — NOT the paper's protocol)" if profile == "quick" else "")
              + f". Generated {_dt.datetime.now().isoformat(timespec='seconds')} from run records.",
              "Cell: ours mean ± std over n seeds (sample std) / the paper's number / difference. "
-             "`not run` = no ok record yet; `—` = no paper number.", ""]
+             "`not run` = no ok record yet; `—` = no paper number."]
+    if specs:
+        lines.append("Columns: " + "; ".join(f"{s.name} = `{s.value}`" for s in specs) + ".")
+        if any(s.never for s in specs):
+            lines.append("`never k/m` = in k of the m finished runs the threshold was never reached "
+                         "(the paper prints no number then).")
+    elif metric != "accuracy":
+        lines.append(f"Metric: `{metric}`.")
+    lines.append("")
     if approx_note:
         lines += [f"**Approximate data:** {approx_note}", ""]
-    lines.append("| " + " | ".join(keys + methods) + " |")
-    lines.append("|" + "---|" * (len(keys) + len(methods)))
-    for key_vals, g in summary.groupby(keys, sort=False, dropna=False):
-        key_vals = key_vals if isinstance(key_vals, tuple) else (key_vals,)
+    lines.append("| " + " | ".join(row_keys + [": ".join(cv) for cv in col_vals]) + " |")
+    lines.append("|" + "---|" * (len(row_keys) + len(col_vals)))
+    seen = []
+    for r in recs:
+        rv = tuple(norm_key(r.get(k)) for k in row_keys)
+        if rv not in seen:
+            seen.append(rv)
+    for rv in seen:
         cells = []
-        for m in methods:
-            r = g[g["method"] == m]
-            if r.empty:
-                cells.append("")
-                continue
-            r = r.iloc[0]
-            paper = r.get("paper", math.nan)
-            ours = (f"{_fmt(r['mean'])} ± {_fmt(r['std'])} (n={int(r['n'])})" if r["n"] > 0
-                    else f"not run (0/{int(r['planned'])})")
-            ref = "—" if paper is None or (isinstance(paper, float) and math.isnan(paper)) else _fmt(paper)
-            diff = (f" / Δ {r['mean'] - paper:+.2f}" if r["n"] > 0 and ref != "—" else "")
-            variant = f" {r['variant']}" if isinstance(r.get("variant"), str) and r.get("variant") else ""
-            cells.append(f"{ours} / {ref}{diff}{variant}")
-        lines.append("| " + " | ".join([str(v) for v in key_vals] + cells) + " |")
+        for cv in col_vals:
+            hit = [r for r in recs if tuple(norm_key(r.get(k)) for k in row_keys) == rv
+                   and tuple(norm_key(r.get(k)) for k in col_keys) == cv]
+            cells.append(format_cell(hit[0]) if hit else "")
+        lines.append("| " + " | ".join(list(rv) + cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: str = "accuracy") -> Path:
+_EMPTY = ("no run matches these overrides: a fixed value outside a preset axis removes every block "
+          "(e.g. local.epochs=1 where the profile sweeps [2]); sweep it instead (local.epochs=1,2) or pick one of its values")
+
+
+def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None) -> Path:
     df = table_runs(overrides, output_root)
+    if df.empty and any(o.startswith("experiment=") for o in overrides):
+        raise FedbenchError(_EMPTY)
     meta = df.attrs.get("table") or {}
     if not meta:
         raise FedbenchError("collect needs an experiment preset (experiment=<paper>/<table>)")
+    metric = metric or meta.get("metric") or "accuracy"
     profile = str(df["profile"].iloc[0]) if len(df) else "paper"
     name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}")
     tables_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(tables_dir / f"{name}_runs.csv", index=False)
     summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
     out = tables_dir / f"{name}.md"
-    out.write_text(to_markdown(summary, meta, profile))
+    out.write_text(to_markdown(summary, meta, profile, metric=metric))
     return out
+
+
+def preset_meta(overrides: Sequence[str]) -> Dict[str, Any]:
+    """The preset's ``table`` block with its column, layout and figure declarations checked (one-line
+    FedbenchError), so that a bad declaration fails before any training; {} without a preset."""
+    from fedbench.launch.sweep import compose_run, expand_sweep
+    from fedbench.results.figures import figure_spec
+
+    runs = expand_sweep(overrides)
+    if not runs:
+        raise FedbenchError(_EMPTY)
+    cfg = compose_run(runs[0])
+    meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg is not None and cfg.get("table") else {}
+    if meta:
+        column_specs(meta)
+        table_layout(meta, pd.DataFrame())
+        figure_spec(meta)
+    return meta
