@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """FOLA §IV-E (Figs. 10-11): full / e-full / diagonal Laplace (online, offline) and FedAvg on softmax
 regression 784-10 with two MNIST clients holding classes {0-4} and {5-9} (fola.md §3.3-3.4, §6 R7).
+The presets fola/figure10, figure11 and figure12 (``make reproduce EXP=fola/figure10``) run the same study
+from a fedbench config and keep run records; this script is the standalone version.
 
     python scripts/fola_laplace_study.py --data-root data --out results/fola_laplace
     python scripts/fola_laplace_study.py --max-per-client 1000 --rounds 3 --methods full_online diag_online fedavg
@@ -47,58 +49,12 @@ def flat_inputs(x: torch.Tensor, mean, std) -> torch.Tensor:
     return x.reshape(x.shape[0], -1)
 
 
-def initial_theta(seed: int, in_features: int, num_classes: int) -> torch.Tensor:
-    from fedbench.models import build_model
-    torch.manual_seed(seed)
-    model = build_model("softmax_regression", input_shape=(in_features,), num_classes=num_classes)
-    (w,), (b,) = ([p for n, p in model.named_parameters() if n.endswith(k)] for k in ("weight", "bias"))
-    return fl.from_linear(w.detach(), b.detach())
-
-
 def plot(rounds, sweep, heatmaps, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fedbench.results.fola_figures import plot_fig10, plot_fig11
 
-    colors = {"full": "C0", "efull": "C1", "diag": "C2", "identity": "C3"}
-    styles = {"online": "-", "offline": "--", "identity": ":"}
-    sweep_rounds = sorted(sweep["round"].unique()) if len(sweep) else []
-    fig, axes = plt.subplots(1, 1 + len(sweep_rounds), figsize=(5 * (1 + len(sweep_rounds)), 4))
-    axes = np.atleast_1d(axes)
-    if heatmaps:
-        name = "full_online" if "full_online" in heatmaps else sorted(heatmaps)[0]
-        im = axes[0].imshow(heatmaps[name].numpy(), cmap="viridis")
-        fig.colorbar(im, ax=axes[0])
-        axes[0].set_title(f"(a) normalised Σ₁⁻¹, first params ({name}, round 1)")
-    else:
-        axes[0].axis("off")
-    for ax, r in zip(axes[1:], sweep_rounds):
-        for method, g in sweep[sweep["round"] == r].groupby("method"):
-            ax.plot(g["pi1"], g["global_accuracy"], styles[g["style"].iloc[0]], color=colors[g["curvature"].iloc[0]],
-                    label=method)
-        ax.set_xlabel("π₁")
-        ax.set_ylabel("global accuracy")
-        ax.set_title(f"aggregation functions, round {r}")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fola_laplace_fig10.png", dpi=120)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    first = rounds[rounds["round"] == rounds["round"].min()]
-    axes[0].bar(first["method"], first["precision_cosine"], color=[colors[c] for c in first["curvature"]])
-    axes[0].set_title("(a) cosine(normalised Σ₁⁻¹, Σ₂⁻¹), round 1")
-    axes[0].tick_params(axis="x", rotation=45)
-    for key, ax, title in (("global_accuracy", axes[1], "(b) GA"), ("local_accuracy", axes[2], "(c) LA")):
-        for method, g in rounds.groupby("method"):
-            ax.plot(g["round"], g[key], styles[g["style"].iloc[0]], color=colors[g["curvature"].iloc[0]], marker="o",
-                    ms=3, label=method)
-        ax.set_xlabel("round")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fola_laplace_fig11.png", dpi=120)
-    plt.close(fig)
+    title = "FOLA §IV-E study (scripts/fola_laplace_study.py)"
+    plot_fig10(rounds, sweep, heatmaps, out / "fola_laplace_fig10.png", title)
+    plot_fig11(rounds, out / "fola_laplace_fig11.png", title)
 
 
 def main(argv=None) -> int:
@@ -145,7 +101,7 @@ def main(argv=None) -> int:
     xte = flat_inputs(data.test_x, data.mean, data.std)
     clients = [(xtr[torch.as_tensor(p)].to(dev, dt), data.train_y[torch.as_tensor(p)].long().to(dev)) for p in parts]
     test = (xte.to(dev, dt), data.test_y.long().to(dev))
-    init = (initial_theta(args.seed, xtr.shape[1], 10) if args.init == "model"
+    init = (fl.initial_theta(args.seed, xtr.shape[1], 10) if args.init == "model"
             else torch.zeros(10 * (xtr.shape[1] + 1))).to(dev, dt)
     print(f"fola_laplace_study: clients {[len(p) for p in parts]} samples, device {dev}, {args.dtype}")
     t0 = time.perf_counter()

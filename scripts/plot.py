@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Draw a preset's accuracy-over-rounds figure from its run records (paper numbers as x markers).
+"""Draw a preset's figure from its run records (paper numbers as x markers): accuracy over rounds, or a
+metric against a swept setting for presets with ``table.figure.kind: sweep`` (FedBEns Figs. 2-5, FedFisher Fig. 1).
 
     python scripts/plot.py experiment=fedlap/table1 profile=paper dataset=uci_credit
     python scripts/plot.py experiment=fedlap/table1 profile=quick --metric nll
+    python scripts/plot.py experiment=fedbens/figure2 profile=quick dataset=fmnist
 
 Writes results/figures/<paper>_<table>[_<profile>]_<metric>.png.
 """
@@ -21,10 +23,21 @@ from fedbench.errors import FedbenchError  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*")
-    ap.add_argument("--metric", default="accuracy", help="a history column: accuracy, nll, ece, local_accuracy, ...")
+    ap.add_argument("--metric", default=None, help="accuracy, nll, ece, local_accuracy, ... (default: the preset's "
+                    "table.figure.metric, else accuracy)")
     ap.add_argument("--out", default=str(Path("results") / "figures"))
     args = ap.parse_args(argv)
     from fedbench.results.figures import plot_table
+    from fedbench.results.fola_figures import plot_preset_figures
+    try:   # presets naming their plots (table.plots: FOLA Figs. 3-12) get those instead
+        named = plot_preset_figures(args.overrides, Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs")), Path(args.out))
+    except FedbenchError as e:
+        print(f"fedbench: error: {e}", file=sys.stderr)
+        return 2
+    for p in named:
+        print(f"figure written: {p}")
+    if named:
+        return 0
     try:
         path = plot_table(args.overrides, Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs")), Path(args.out),
                           args.metric)

@@ -5,7 +5,8 @@
     make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
 
 On a cluster use scripts/submit.py with the same overrides, then scripts/collect.py (tables) and
-scripts/plot.py (figures). Multi-round tables also get their accuracy-over-rounds figure here.
+scripts/plot.py (figures). Multi-round tables also get their accuracy-over-rounds figure here, and figure
+presets their figure (``table.figure``).
 """
 from __future__ import annotations
 
@@ -25,16 +26,25 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-missing", action="store_true",
                     help="run the table without methods that are not implemented yet (they are listed)")
     ap.add_argument("--collect-only", action="store_true")
+    ap.add_argument("--metric", default=None,
+                    help="the table's metric (default: the preset's table.metric, else accuracy; table.columns override it)")
     args = ap.parse_args(argv)
     from fedbench.launch.sweep import missing_methods, plan, run_job
-    from fedbench.results.tables import collect
+    from fedbench.results.tables import collect, preset_meta
     from pathlib import Path
 
     try:
+        from fedbench.studies.presets import reproduce_study, study_name
+        if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
+            for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only):
+                print(f"figure written: {p}")
+            return 0
+        meta = preset_meta(args.overrides)   # bad table / figure declarations fail before any training
         if not args.collect_only:
             missing = missing_methods(args.overrides)
             if missing and not args.allow_missing:
-                raise FedbenchError(f"methods not implemented yet: {', '.join(missing)} "
+                why = f"; {meta['missing']}" if meta.get("missing") else ""
+                raise FedbenchError(f"methods not implemented yet: {', '.join(missing)}{why} "
                                     "(rerun with --allow-missing to run the other columns)")
             if missing:
                 print(f"fedbench: WARNING: skipping unimplemented methods: {', '.join(missing)}", file=sys.stderr)
@@ -46,11 +56,17 @@ def main(argv=None) -> int:
                 run_job(ovs, os.getcwd())
             print(f"runs finished in {time.time() - t0:.0f} s")
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
-        path = collect(args.overrides, out_root, Path("results") / "tables")
+        path = collect(args.overrides, out_root, Path("results") / "tables", args.metric)
         print(f"table written: {path}")
         from fedbench.results.figures import plot_table
         try:
             print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures')}")
+        except FedbenchError as e:
+            print(f"no figure: {e}")
+        from fedbench.results.fola_figures import plot_preset_figures
+        try:   # the preset's named plots (table.plots: FOLA Figs. 3-9)
+            for p in plot_preset_figures(args.overrides, out_root, Path("results") / "figures"):
+                print(f"figure written: {p}")
         except FedbenchError as e:
             print(f"no figure: {e}")
     except FedbenchError as e:

@@ -14,7 +14,8 @@ from fedbench.results.tables import row_value
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.relative_to(CONF_DIR / "experiment").with_suffix("").as_posix()
                  for p in (CONF_DIR / "experiment").rglob("*.yaml"))
-KNOWN_MISSING = {"dense", "otfusion", "pfnm", "fedbe", "fedov"}
+KNOWN_MISSING = {"dense", "otfusion", "pfnm",
+                 "fedfisher_full"}   # FedFisher Fig. 1: full-Fisher regression FedFisher (conf/experiment/fedfisher/figure1a.yaml)
 P9, D4 = 9, 4   # FedLPA: 6 Dirichlet betas + #C in {1,2,3}; FMNIST, CIFAR-10, MNIST, SVHN
 
 # paper-profile runs (one run = one setting x seed; aggregators share it)
@@ -25,6 +26,7 @@ EXPECTED = {
     "fedlpa/table3": 1 * P9 * 3,              # FMNIST x P9 x 3 seeds, 3 lambdas as aggregators
     "fedlpa/table9": 1 * 6 * 3,               # FMNIST x 6 betas x 3 seeds
     "fedlpa/table10": D4 * 1 * 5 * 3,         # D4 x beta=0.001 x 5 epoch counts x 3 seeds
+    "fedlpa/table11": 1 * 1 * 5 * 3,          # MNIST x #C=2 x 5 epoch counts x 3 seeds (FedLPA + FedOV)
     "fedlpa/table4": 1, "fedlpa/table12": 1,  # one timed CIFAR-10 run
     "fedlpa/figure1": 1, "fedlpa/figure2": 3,
     "fedfisher/table1": 2 * 1,                # FMNIST + CIFAR-10, one timed run
@@ -37,11 +39,27 @@ EXPECTED = {
     "fedbens/table7": 3 * 2 * 3, "fedbens/table8": 3 * 2 * 3, "fedbens/table9": 1 * 2 * 3,
     "fola/table2": 6 * 3,                     # 6 methods (own E each) x 3 seeds
     "fola/figure5": 5 * 3,                    # N in {5, 10, 20, 50, 100} x 3 seeds
+    "fola/figure3": 5 ** 5 * 30,              # R1: alpha x N x E x lr x B (5 each) x 30 repeats, 3 aggregators
+    "fola/figure4": 5 ** 5 * 30,              # = figure3's runs
+    "fola/figure6ab": 6 * (6 + 5 + 1) * 5,    # R3: E x (FOLA 6 lambdas + FedCurv 5 + FedAvg) x 5 seeds
+    "fola/figure8": 6 * (6 + 5 + 1) * 5,      # = figure6ab's runs
+    "fola/figure6c": 3 * 5 * 3,               # R4: 3 methods (Table II's E) x 5 alpha x 3 seeds
+    "fola/figure7": 3 * 5 * 3,                # = figure6c's runs
+    "fola/figure9": 5 * 3,                    # R6: 5 variants x 3 seeds
+    "fola/figure10": 1, "fola/figure11": 1,   # R7: one study run (7 methods), shared
+    "fola/figure12": 3 * 1,                   # R8: 3 alpha x 1 seed (reference + FOLA + FedAvg, 5 LF epochs)
     "fedlap/table1": 8 * 3,
     "fedlap/table2": (1 + 1 + 2 + 1) * 3,     # MNIST homog/heterog, FMNIST homog/heterog, CIFAR-10
     "fedlap/table3": (1 + 1 + 2 + 1) * 3,
     "fedlap/table4": 1 * 3,
     "fedlap/table5": (1 + 1 + 2 + 1 + 1) * 3,  # + FMNIST 100 clients
+    # figures (one run = one setting x seed; M / T / sigma^2 / the FedDyn and FedLap variants are aggregators)
+    "fedbens/figure2": 3 * 4 * 5,             # 3 data sets x 4 alpha x 5 seeds, M = 1..5
+    "fedbens/figure3": 3 * 2 * 3, "fedbens/figure4": 3 * 2 * 3, "fedbens/figure5": 3 * 2 * 3,
+    "fedlap/figure1": 1 * 3,                  # homogeneous MNIST x 3 seeds, 7 curves
+    "fedfisher/figure1a": 9 * 50,             # width m in {16..4096} x 50 seeds (K = 2048)
+    "fedfisher/figure1b": 14 * 10,            # K in {1..8192} x 10 seeds (m = 512)
+    "fedfisher/figure2": 4 * 1 * 3,           # 4 data sets x alpha 0.1 x 3 seeds, 5 rounds, 6 methods
 }
 # presets whose rows are the same (dataset x partition) grid: the full row check runs on one of them (table1;
 # table6 is checked by tests/test_tables.py), the others only check columns and their first block

@@ -1,26 +1,76 @@
-"""Accuracy-over-rounds figures from run records (FedLap-style curves, FOLA Figs. 5/7/9/11, FedLPA Fig. 2,
-FedFisher Fig. 2): one panel per table row, one line per method, mean over seeds with a ±1 std band.
+"""Figures from run records, two kinds (a preset's ``table.figure.kind``):
+
+* ``rounds`` (default): accuracy over rounds (FedLap-style curves, FOLA Figs. 5/7/9/11, FedLPA Fig. 2,
+  FedFisher Fig. 2, FedLap Fig. 1): one panel per table row, one line per method, mean over seeds with a
+  ±1 std band; paper points from ``results/reference`` rows that carry a ``rounds`` column.
+* ``sweep``: a metric against a swept setting ``x`` (one of the table's row keys: FedBEns' M, T, σ² in Figs.
+  2–5, FedFisher's width / local steps in Fig. 1): mean ± std over seeds per x, one line per method (and per
+  ``lines`` key, e.g. α), one panel per remaining row-key combination; the papers' numbers as x markers from
+  the reference tables the preset names (``figure.reference``: FedBEns Table 7's M = 1 column is Fig. 2's
+  M = 1 point).
 
 The runs are exactly those of a preset's sweep (the same selection as the tables), so a figure never mixes
-runs from other configurations. Paper points, where a note gives numbers for a curve, are drawn as markers
-from ``results/reference`` rows that carry a ``rounds`` column.
+runs from other configurations.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
 from fedbench.errors import FedbenchError
 
 
-def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "accuracy") -> pd.DataFrame:
+FIGURE_KINDS = ("rounds", "sweep")
+_FIGURE_FIELDS = ("kind", "x", "lines", "metric", "log_x", "reference")
+_REFERENCE_FIELDS = ("table", "where", "x", "metric")
+
+
+def figure_spec(meta: Dict[str, Any]) -> Dict[str, Any]:
+    """The preset's ``table.figure`` with defaults, checked with one-line errors."""
+    fig = meta.get("figure") or {}
+    name = f"preset {meta.get('paper')}/{meta.get('id')}: table.figure"
+    if not isinstance(fig, dict):
+        raise FedbenchError(f"{name} must be a mapping with kind: {' | '.join(FIGURE_KINDS)}")
+    extra = set(fig) - set(_FIGURE_FIELDS)
+    if extra:
+        raise FedbenchError(f"{name}: unknown field(s) {', '.join(sorted(extra))} (allowed: {', '.join(_FIGURE_FIELDS)})")
+    spec = {"kind": fig.get("kind", "rounds"), "x": fig.get("x"), "lines": list(fig.get("lines") or []),
+            "metric": fig.get("metric"), "log_x": fig.get("log_x", "auto"), "reference": list(fig.get("reference") or [])}
+    if spec["kind"] not in FIGURE_KINDS:
+        raise FedbenchError(f"{name}.kind must be one of {', '.join(FIGURE_KINDS)}, got {spec['kind']!r}")
+    if spec["log_x"] not in ("auto", True, False):
+        raise FedbenchError(f"{name}.log_x must be auto, true or false, got {spec['log_x']!r}")
+    rows = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
+    if spec["kind"] == "sweep":
+        if spec["x"] not in rows:
+            raise FedbenchError(f"{name}.x must be one of the table's row keys ({', '.join(rows)}), got {spec['x']!r}")
+        bad = [k for k in spec["lines"] if k not in rows or k == spec["x"]]
+        if bad:
+            raise FedbenchError(f"{name}.lines must be row keys other than x, got {', '.join(map(str, bad))}")
+        if meta.get("columns") or meta.get("at_rounds"):
+            raise FedbenchError(f"{name}: a sweep figure reads one metric per run (no table.columns / at_rounds)")
+    for ref in spec["reference"]:
+        if not isinstance(ref, dict) or "/" not in str(ref.get("table", "")) or set(ref) - set(_REFERENCE_FIELDS):
+            raise FedbenchError(f"{name}.reference entries are {{table: <paper>/<table>, where: {{...}}, x: <value>, "
+                                f"metric: ...}}, got {ref!r}")
+    return spec
+
+
+def _missing_methods(runs: pd.DataFrame) -> List[str]:
+    if runs.empty or "missing_method" not in runs:
+        return []
+    return list(dict.fromkeys(runs.loc[runs["missing_method"].astype(bool), "algorithm"]))
+
+
+def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "accuracy",
+                 runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Long table: row keys, method, seed, round, value — from each finished run's history.csv."""
     from fedbench.results.tables import _history, table_runs
 
-    runs = table_runs(overrides, output_root)
+    runs = table_runs(overrides, output_root) if runs is None else runs
     meta = runs.attrs.get("table") or {}
     keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
     out = []
@@ -39,7 +89,136 @@ def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "acc
     df = pd.DataFrame(out)
     df.attrs["table"] = meta
     df.attrs["keys"] = keys
+    df.attrs["missing"] = _missing_methods(runs)
     return df
+
+
+def sweep_points(overrides: Sequence[str], output_root: Path, metric: Optional[str] = None,
+                 runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """Long table of a sweep figure: row keys except x, method, seed, x, value — one row per finished run
+    (the final-round metric of its record)."""
+    from fedbench.results.tables import table_runs
+
+    runs = table_runs(overrides, output_root) if runs is None else runs
+    meta = runs.attrs.get("table") or {}
+    spec = figure_spec(meta)
+    if spec["kind"] != "sweep":
+        raise FedbenchError(f"preset {meta.get('paper')}/{meta.get('id')} has no sweep figure (table.figure.kind)")
+    metric = metric or spec["metric"] or "accuracy"
+    keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k not in ("rounds", spec["x"])]
+    out = []
+    for r in runs.to_dict("records") if len(runs) else []:
+        v = r.get(metric)
+        if r.get("missing_method") or r.get("status") != "ok" or v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        xv = pd.to_numeric(pd.Series([r[spec["x"]]]), errors="coerce").iloc[0]
+        if pd.isna(xv):
+            raise FedbenchError(f"sweep figure: {spec['x']} = {r[spec['x']]!r} of run {r['run_id']} is not a number")
+        out.append({**{k: r[k] for k in keys}, "method": r["method"], "seed": r["seed"], "x": float(xv),
+                    "value": float(v)})
+    df = pd.DataFrame(out)
+    df.attrs.update(table=meta, keys=keys, figure=spec, metric=metric, missing=_missing_methods(runs))
+    return df
+
+
+def sweep_reference(spec: Dict[str, Any]) -> Optional[pd.DataFrame]:
+    """The papers' numbers for a sweep figure: rows of the named reference tables, filtered by ``where``, with
+    ``x`` from the table's own x column or the entry's fixed ``x`` (a table reporting only the default setting)."""
+    from fedbench.results.reference import load_reference
+    from fedbench.results.tables import norm_key
+
+    frames = []
+    for ent in spec["reference"]:
+        paper, tid = str(ent["table"]).split("/", 1)
+        ref = load_reference(paper, tid)
+        if "metric" in ref:
+            ref = ref[ref["metric"] == ent.get("metric", "accuracy")]
+        for k, v in (ent.get("where") or {}).items():
+            if k not in ref:
+                raise FedbenchError(f"figure reference {ent['table']}: no column {k!r} to filter on")
+            vals = [norm_key(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+            ref = ref[ref[k].map(norm_key).isin(vals)]
+        ref = ref.copy()
+        if "x" in ent:
+            ref["x"] = float(ent["x"])
+        elif spec["x"] in ref:
+            ref["x"] = pd.to_numeric(ref[spec["x"]].map(norm_key), errors="coerce")
+        else:
+            raise FedbenchError(f"figure reference {ent['table']} has no {spec['x']!r} column: give its x value")
+        frames.append(ref[ref["x"].notna() & ref["mean"].notna()])
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def plot_sweep(points: pd.DataFrame, path: Path, *, title: str = "",
+               reference: Optional[pd.DataFrame] = None) -> Tuple[Path, pd.DataFrame]:
+    """Draw a sweep figure; returns the file and the data actually drawn (one row per plotted point: panel,
+    line, x, y, std, n, source = ours | paper), read back from the plot's artists."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedbench.results.tables import norm_key
+
+    if points.empty:
+        raise FedbenchError("no finished runs to plot (run the sweep first)")
+    spec, keys, metric = points.attrs["figure"], points.attrs["keys"], points.attrs["metric"]
+    lines = spec["lines"]
+    panel_keys = [k for k in keys if k not in lines]
+    xs = points["x"]
+    log_x = spec["log_x"] if spec["log_x"] != "auto" else bool((xs > 0).all() and xs.max() / xs.min() >= 50)
+    panels = list(points.groupby(panel_keys, sort=False, dropna=False)) if panel_keys else [((), points)]
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    drawn = []
+    for ax, (kv, g) in zip(axes.flat, panels):
+        kv = kv if isinstance(kv, tuple) else (kv,)
+        panel = ", ".join(f"{k}={v}" for k, v in zip(panel_keys, kv))
+        for lv, gl in g.groupby(lines + ["method"], sort=False, dropna=False):
+            lv = lv if isinstance(lv, tuple) else (lv,)
+            method = lv[-1]
+            stats = gl.groupby("x")["value"].agg(["mean", "std", "count"]).reset_index().sort_values("x")
+            std = stats["std"].fillna(0.0)
+            label = ", ".join([str(method)] + [f"{k}={v}" for k, v in zip(lines, lv[:-1])])
+            line, = ax.plot(stats["x"], stats["mean"], marker="o", ms=3.5, lw=1.6,
+                            label=f"{label} (n={int(stats['count'].max())})")
+            if stats["count"].max() > 1:
+                ax.fill_between(stats["x"], stats["mean"] - std, stats["mean"] + std, color=line.get_color(), alpha=0.15)
+            for (x, y), s, n in zip(line.get_xydata(), std, stats["count"]):
+                drawn.append({"panel": panel, "line": label, "x": float(x), "y": float(y), "std": float(s),
+                              "n": int(n), "source": "ours"})
+            if reference is not None and not reference.empty:
+                base = str(method).split("(", 1)[0]
+                sel = reference[reference["method"].isin([method, base])]
+                for k, v in zip(panel_keys + lines, list(kv) + list(lv[:-1])):
+                    if k in sel:
+                        sel = sel[sel[k].map(norm_key) == norm_key(v)]
+                if len(sel):
+                    pts = ax.scatter(sel["x"].astype(float), sel["mean"].astype(float), marker="x", s=45,
+                                     color=line.get_color(), zorder=5)
+                    for x, y in pts.get_offsets():
+                        drawn.append({"panel": panel, "line": label, "x": float(x), "y": float(y), "std": math.nan,
+                                      "n": 0, "source": "paper"})
+        if log_x:
+            ax.set_xscale("log", base=2 if (xs.round() == xs).all() else 10)
+        elif (xs.round() == xs).all():   # M, clients: integer ticks only
+            from matplotlib.ticker import MaxNLocator
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(spec["x"])
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        import textwrap
+        fig.suptitle("\n".join(textwrap.wrap(title, 60 * cols)), fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path, pd.DataFrame(drawn)
 
 
 def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", title: str = "",
@@ -90,23 +269,60 @@ def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", t
     return path
 
 
-def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: str = "accuracy") -> Path:
-    """The preset's multi-round figure: ``results/figures/<paper>_<id>[_<profile>]_<metric>.png``."""
-    from fedbench.results.reference import load_reference
-
-    curves = round_curves(overrides, output_root, metric)
-    meta = curves.attrs.get("table") or {}
-    if not meta:
-        raise FedbenchError("plot needs an experiment preset (experiment=<paper>/<table>)")
-    if not curves.empty and curves["round"].max() <= 1:
-        raise FedbenchError("a one-shot table (every run has one round): nothing to draw over rounds")
+def _name_and_title(meta: Dict[str, Any], overrides: Sequence[str], metric: str) -> Tuple[str, str]:
     profile = next((o.split("=", 1)[1] for o in overrides if o.startswith("profile=")), "paper")
     name = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}") + f"_{metric}"
+    quick = " — reduced settings, NOT the paper's protocol" if profile == "quick" else ""
+    return name, f"{meta['paper']} {meta['id']}: {meta.get('title', '')} [profile: {profile}{quick}]"
+
+
+def _no_runs(runs: pd.DataFrame) -> FedbenchError:
+    missing = _missing_methods(runs)
+    return FedbenchError("no finished runs to plot" + (f": methods not implemented yet: {', '.join(missing)}"
+                                                       if missing else " (run the sweep first)"))
+
+
+def plot_sweep_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None,
+                     runs: Optional[pd.DataFrame] = None) -> Tuple[Path, pd.DataFrame]:
+    """A preset's sweep figure (``table.figure.kind: sweep``) and the data drawn."""
+    from fedbench.results.tables import table_runs
+
+    runs = table_runs(overrides, output_root) if runs is None else runs
+    points = sweep_points(overrides, output_root, metric, runs=runs)
+    if points.empty:
+        raise _no_runs(runs)
+    meta = points.attrs["table"]
+    name, title = _name_and_title(meta, overrides, points.attrs["metric"])
+    ref = sweep_reference(points.attrs["figure"])
+    if ref is not None:
+        title += " (x = paper)"
+    return plot_sweep(points, figures_dir / f"{name}.png", title=title, reference=ref)
+
+
+def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None) -> Path:
+    """The preset's figure: ``results/figures/<paper>_<id>[_<profile>]_<metric>.png`` — accuracy over rounds, or
+    a metric against a swept setting (``table.figure``)."""
+    from fedbench.results.reference import load_reference
+    from fedbench.results.tables import table_runs
+
+    runs = table_runs(overrides, output_root)
+    meta = runs.attrs.get("table") or {}
+    if not meta:
+        raise FedbenchError("plot needs an experiment preset (experiment=<paper>/<table>)")
+    spec = figure_spec(meta)
+    if spec["kind"] == "sweep":
+        return plot_sweep_table(overrides, output_root, figures_dir, metric, runs=runs)[0]
+    metric = metric or spec["metric"] or "accuracy"
+    curves = round_curves(overrides, output_root, metric, runs=runs)
+    if curves.empty:
+        raise _no_runs(runs)
+    if curves["round"].max() <= 1:
+        raise FedbenchError("a one-shot table (every run has one round): nothing to draw over rounds")
+    name, title = _name_and_title(meta, overrides, metric)
     try:
         ref = load_reference(meta["paper"], meta["id"])
         ref = ref[(ref["metric"] == metric)] if "metric" in ref else ref
         ref = ref[ref["rounds"].notna()] if "rounds" in ref else None
     except Exception:  # noqa: BLE001  (a table without transcribed numbers still gets its figure)
         ref = None
-    title = f"{meta['paper']} {meta['id']}: {meta.get('title', '')} [profile: {profile}]"
     return plot_curves(curves, figures_dir / f"{name}.png", metric=metric, title=title, reference=ref)

@@ -1,4 +1,4 @@
-"""FOLA §IV-E (Figs. 10-11): Laplace approximations of softmax regression with two disjoint-class clients.
+"""FOLA §IV-E (Figs. 10-12): Laplace approximations of softmax regression with two clients.
 
 Notes: ``../shared/reference/notes/fola.md`` §1.3, §1.7, §1.8-11, §3.2-3.4, §4 (Figs. 10-12), §6 row R7.
 
@@ -22,11 +22,23 @@ mean CE + λ · ½ (θ − μ_S)ᵀ Λ_S (θ − μ_S) (λ is not stated for §I
 The next round's model is aggregated at the data weights (π₁ = m₁/m ≈ 0.51 on MNIST {0-4}/{5-9}, §3.4)
 unless ``pi1`` is given; at ``sweep_rounds`` the π₁ ∈ [0, 1] curves of Fig. 10(b)(c) are evaluated:
 θ_S(π₁) = (π₁Λ₁ + (1−π₁)Λ₂ + εI)⁻¹ (π₁Λ₁μ₁ + (1−π₁)Λ₂μ₂) (the ridge line) and π₁μ₁ + (1−π₁)μ₂ (FedAvg).
+
+Fig. 12 (``run_correlation``; §3.5, §4 "Fig. 12", §6 R8): the full-Laplace run's model after ``rounds`` (15)
+rounds is the optimum θ* with precision Λ*, D(θ, θ*) = ½ (θ − θ*)ᵀ Λ* (θ − θ*). AE = D(μ_S, θ*) of each
+method's aggregated model (read at round 3 in the figure, every round recorded) against its GA; LF =
+Σ π_n D(θ_n, θ*) of the client models of round ``rounds`` + 1, trained from θ* for E ∈ ``lf_epochs`` epochs
+with each method's local loss (its prior centred at θ* with the method's own final global precision, none for
+FedAvg — the note leaves this open), against LA = Σ π_n acc(θ_n).
+
+``run_from_config`` runs either study from a fedbench config (an experiment preset with ``table.study:
+fola_laplace``; fedbench.studies.presets) and writes its CSVs next to a run record.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +97,8 @@ class StudyResult:
     sweep: List[dict] = field(default_factory=list)       # per method, sweep round and π₁: GA, NLL
     heatmaps: Dict[str, Tensor] = field(default_factory=dict)   # method -> normalised Λ₁ block (round 1)
     states: Dict[str, dict] = field(default_factory=dict)  # method -> final (μ_S, Λ_S)
+    means: Dict[str, List[Tensor]] = field(default_factory=dict)   # method -> μ_S after each round
+    correlation: List[dict] = field(default_factory=list)  # Fig. 12: AE rows (per method, round), LF rows (per E)
 
 
 # ---- softmax regression -----------------------------------------------------------------------------------
@@ -380,6 +394,7 @@ def run_method(method: str, clients: Sequence[Tuple[Tensor, Tensor]], test: Tupl
                "global_accuracy": ev["accuracy"], "global_nll": ev["nll"], "local_accuracy": la,
                "precision_cosine": cos, "pi1": weights[0]}
         result.rounds.append(row)
+        result.means.setdefault(method, []).append(mu)
         if log is not None:
             log(row)
     result.states[method] = {"mean": mu, "precision": prior}
@@ -407,3 +422,190 @@ def run_study(clients: Sequence[Tuple[Tensor, Tensor]], test: Tuple[Tensor, Tens
     for m in cfg.methods:
         run_method(m, clients, test, cfg, init.reshape(-1), num_classes, result, log)
     return result
+
+
+# ---- Fig. 12: AE / LF against a full-Laplace optimum -------------------------------------------------------
+def _weights(cfg: StudyConfig, sizes: Sequence[float]) -> List[float]:
+    return [s / sum(sizes) for s in sizes] if cfg.pi1 is None else [float(cfg.pi1), 1.0 - float(cfg.pi1)]
+
+
+def run_correlation(clients: Sequence[Tuple[Tensor, Tensor]], test: Tuple[Tensor, Tensor], cfg: StudyConfig, *,
+                    reference: str = "full_online", lf_epochs: Sequence[int] = (1, 2, 5, 10, 20),
+                    init: Optional[Tensor] = None, num_classes: Optional[int] = None, log=None) -> StudyResult:
+    """Fig. 12: every method of ``cfg.methods`` (which must include ``reference``, a full-Hessian method) for
+    ``cfg.rounds`` rounds, then AE rows (method, round: D(μ_S, θ*), GA) and LF rows (method, E: Σπ D(θ_n, θ*),
+    LA) in ``result.correlation``."""
+    if reference not in cfg.methods or METHODS[reference][0] != "full":
+        raise FedbenchError(f"the Fig. 12 reference must be a full-Laplace method among the study's methods "
+                            f"({', '.join(m for m in METHODS if METHODS[m][0] == 'full')}), got {reference!r}")
+    bad = [e for e in lf_epochs if isinstance(e, bool) or not isinstance(e, int) or e < 1]
+    if bad or not lf_epochs:
+        raise FedbenchError(f"study lf_epochs must be integers >= 1, got {list(lf_epochs)!r}")
+    result = run_study(clients, test, cfg, init=init, num_classes=num_classes, log=log)
+    theta_star = result.states[reference]["mean"]
+    prec_star = result.states[reference]["precision"]
+    xts = [augment(x.to(theta_star.dtype)) for x, _ in clients]
+    ys = [y for _, y in clients]
+    xtest, ytest = augment(test[0].to(theta_star.dtype)), test[1]
+    ncls = int(theta_star.numel() // xts[0].shape[1])
+    weights = _weights(cfg, [float(x.shape[0]) for x in xts])
+    for m in cfg.methods:
+        for r, mu in enumerate(result.means[m], 1):
+            result.correlation.append({"kind": "ae", "method": m, "round": r, "epochs": cfg.epochs,
+                                       "distance": posterior_distance(mu, theta_star, prec_star),
+                                       "accuracy": evaluate(mu, xtest, ytest)["accuracy"]})
+    for m in cfg.methods:
+        curvature, _ = METHODS[m]
+        lam = 0.0 if curvature == "identity" else float(cfg.lambda_prior)
+        prior = result.states[m]["precision"]
+        for e in lf_epochs:
+            sub = dataclasses.replace(cfg, epochs=int(e))
+            thetas = [client_round(theta_star, xt, y, curvature="identity", style="identity", prior_mean=theta_star,
+                                   prior_prec=prior, lam=lam, round_idx=cfg.rounds + 1, cfg=sub, client_id=k,
+                                   num_classes=ncls)[0] for k, (xt, y) in enumerate(zip(xts, ys))]
+            result.correlation.append({
+                "kind": "lf", "method": m, "round": cfg.rounds + 1, "epochs": int(e),
+                "distance": sum(w * posterior_distance(t, theta_star, prec_star) for w, t in zip(weights, thetas)),
+                "accuracy": sum(w * evaluate(t, xtest, ytest)["accuracy"] for w, t in zip(weights, thetas))})
+    return result
+
+
+# ---- driven by a fedbench config (experiment preset with table.study: fola_laplace) -------------------------
+STUDY_KINDS = ("laplace", "correlation")
+#: keys of the config's ``study`` block (with defaults); rounds, E, lr, B and the seed come from the run config
+STUDY_KEYS: Dict[str, Any] = {
+    "kind": "laplace", "methods": list(METHODS), "lambda_prior": 1.0, "prior_precision": 0.0, "eps": 1e-5,
+    "pi1": None, "sweep_points": 101, "sweep_rounds": [1, 10], "chunk_size": 256, "heatmap_size": 1000,
+    "max_per_client": 0, "input_pool": 1, "dtype": "float64", "reference": "full_online",
+    "lf_epochs": [1, 2, 5, 10, 20],
+}
+
+
+def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
+    """(the ``study`` block with defaults, the StudyConfig) from a composed config; one-line FedbenchError on
+    bad input, before any data are loaded."""
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.to_container(cfg.get("study") or {}, resolve=True)
+    unknown = sorted(set(block) - set(STUDY_KEYS))
+    if unknown:
+        raise FedbenchError(f"study has no key(s) {', '.join(unknown)}; known: {', '.join(STUDY_KEYS)}")
+    st = {**STUDY_KEYS, **block}
+    if st["kind"] not in STUDY_KINDS:
+        raise FedbenchError(f"study.kind must be one of {', '.join(STUDY_KINDS)}, got {st['kind']!r}")
+    for key in ("max_per_client",):
+        if isinstance(st[key], bool) or not isinstance(st[key], int) or st[key] < 0:
+            raise FedbenchError(f"study.{key} must be an integer >= 0, got {st[key]!r}")
+    if isinstance(st["input_pool"], bool) or not isinstance(st["input_pool"], int) or st["input_pool"] < 1:
+        raise FedbenchError(f"study.input_pool must be an integer >= 1, got {st['input_pool']!r}")
+    if st["dtype"] not in ("float64", "float32"):
+        raise FedbenchError(f"study.dtype must be float64 or float32, got {st['dtype']!r}")
+    if int(cfg.num_clients) != 2:
+        raise FedbenchError(f"the FOLA §IV-E study has two clients, got num_clients={cfg.num_clients}")
+    local = cfg.local
+    if str(local.optimizer) != "sgd" or float(local.momentum or 0) or float(local.weight_decay or 0):
+        raise FedbenchError("the FOLA §IV-E study trains with plain SGD: set local.optimizer=sgd, momentum=0, "
+                            "weight_decay=0")
+    study = StudyConfig(rounds=int(cfg.rounds), epochs=int(local.epochs), lr=float(local.lr),
+                        batch_size=int(local.batch_size), lambda_prior=float(st["lambda_prior"]),
+                        prior_precision=float(st["prior_precision"]), eps=float(st["eps"]),
+                        pi1=None if st["pi1"] is None else float(st["pi1"]), sweep_points=st["sweep_points"],
+                        sweep_rounds=tuple(st["sweep_rounds"] or ()), methods=tuple(st["methods"]),
+                        seed=int(cfg.seed), chunk_size=st["chunk_size"], heatmap_size=st["heatmap_size"])
+    study.validate()
+    if st["kind"] == "correlation" and st["reference"] not in study.methods:
+        raise FedbenchError(f"study.reference {st['reference']!r} must be one of study.methods")
+    return st, study
+
+
+def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, dtype):
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from fedbench.data import load_dataset
+    from fedbench.partition import make_partition
+
+    dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
+    pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
+    root = Path(str(cfg.paths.data_root)).expanduser()
+    root = root if root.is_absolute() or launch_dir is None else Path(launch_dir) / root
+    data = load_dataset(dcfg["name"], root, **(dcfg.get("kwargs") or {}))
+    if data.task != "classification":
+        raise FedbenchError(f"the FOLA §IV-E study needs a classification data set, got {dcfg['name']}")
+    seed = int(cfg.seed)
+    labels = np.asarray(data.train_y.cpu())
+    parts = make_partition(pcfg["name"], labels, 2, seed, num_classes=data.num_classes or None,
+                           **{k: v for k, v in pcfg.items() if k != "name"})
+    if st["max_per_client"]:
+        rng = np.random.default_rng(seed)
+        parts = [np.sort(rng.choice(p, size=min(st["max_per_client"], len(p)), replace=False)) for p in parts]
+    mean, std = (data.mean, data.std) if dcfg.get("normalize", True) else (None, None)
+
+    def flat(x: Tensor) -> Tensor:
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if x.dim() == 4 and st["input_pool"] > 1:   # quick profiles: k×k average pooling shrinks the Hessian k⁴-fold
+            x = F.avg_pool2d(x, st["input_pool"])
+        if mean is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            x = (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape)
+        return x.reshape(x.shape[0], -1)
+
+    clients = [(flat(data.train_x[torch.as_tensor(p, dtype=torch.long)]).to(device, dtype),
+                data.train_y[torch.as_tensor(p, dtype=torch.long)].long().to(device)) for p in parts]
+    test = (flat(data.test_x).to(device, dtype), data.test_y.long().to(device))
+    return clients, test, int(data.num_classes), [int(len(p)) for p in parts]
+
+
+def initial_theta(seed: int, in_features: int, num_classes: int) -> Tensor:
+    """fedbench's softmax_regression initialisation under ``seed`` (as run.py: manual_seed, then build)."""
+    from fedbench.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model("softmax_regression", input_shape=(in_features,), num_classes=num_classes,
+                        in_features=in_features)
+    named = dict(model.named_parameters())
+    w = next(v for k, v in named.items() if k.endswith("weight"))
+    b = next(v for k, v in named.items() if k.endswith("bias"))
+    return from_linear(w.detach(), b.detach())
+
+
+def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log=None) -> Dict[str, Any]:
+    """Run the study a composed config describes (``study.kind``: laplace = Figs. 10-11, correlation =
+    Fig. 12) and write ``rounds.csv``, ``sweep.csv``, ``correlation.csv`` and ``heatmap_<method>.pt`` into
+    ``out_dir``; returns what the run record adds (files, client sizes, summary)."""
+    import pandas as pd
+
+    from fedbench.runner import resolve_device, set_threads
+
+    st, study = study_settings(cfg)
+    if str(cfg.model.name) != "softmax_regression":
+        raise FedbenchError(f"the FOLA §IV-E study is defined for model=softmax_regression, got {cfg.model.name}")
+    device = resolve_device(str(cfg.hardware.device))
+    dtype = getattr(torch, st["dtype"])
+    clients, test, ncls, sizes = _client_data(cfg, st, launch_dir, device, dtype)
+    init = initial_theta(int(cfg.seed), clients[0][0].shape[1], ncls).to(device, dtype)
+    # as run.py: hardware.num_threads (auto = 1 thread for < 10k parameters); on a busy 2-core machine two
+    # threads made a 500x500 eigh 50x slower
+    set_threads(cfg.hardware.get("num_threads"), device, int(init.numel()))
+    if st["kind"] == "laplace":
+        res = run_study(clients, test, study, init=init, num_classes=ncls, log=log)
+    else:
+        res = run_correlation(clients, test, study, reference=st["reference"], lf_epochs=tuple(st["lf_epochs"]),
+                              init=init, num_classes=ncls, log=log)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"rounds": "rounds.csv", "sweep": "sweep.csv", "correlation": "correlation.csv"}
+    pd.DataFrame(res.rounds).to_csv(out / files["rounds"], index=False)
+    pd.DataFrame(res.sweep, columns=["method", "curvature", "style", "round", "pi1", "global_accuracy",
+                                     "global_nll"]).to_csv(out / files["sweep"], index=False)
+    pd.DataFrame(res.correlation, columns=["kind", "method", "round", "epochs", "distance",
+                                           "accuracy"]).to_csv(out / files["correlation"], index=False)
+    for name, h in res.heatmaps.items():
+        files[f"heatmap_{name}"] = f"heatmap_{name}.pt"
+        torch.save(h, out / files[f"heatmap_{name}"])
+    last = {}
+    for row in res.rounds:
+        last[row["method"]] = row
+    summary = {m: {"global_accuracy": r["global_accuracy"], "local_accuracy": r["local_accuracy"]}
+               for m, r in last.items()}
+    return {"files": files, "client_sizes": sizes, "num_parameters": int(init.numel()), "summary": summary}

@@ -1,0 +1,100 @@
+"""Experiment presets that drive a study instead of ``run.py`` (FOLA Figs. 10-12: the §IV-E softmax-regression
+study, fedbench.studies.fola_laplace).
+
+A preset declares ``table.study: <module>`` (a module of ``fedbench.studies`` with ``run_from_config(cfg,
+out_dir, launch_dir=..., log=...)``) and otherwise looks like any preset: its sweep and profiles expand into
+runs (``fedbench.launch.sweep.expand_sweep``), each run's config has a run id, and the study writes its files
+into ``<output_root>/runs/<run_id>/`` with a ``metrics.json`` record (``status: ok``, the resolved config, the
+files), so a finished study is skipped on the next ``make reproduce`` exactly as a finished run is.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from fedbench.errors import FedbenchError
+
+STUDIES = ("fola_laplace",)
+
+
+def study_name(overrides: Sequence[str]) -> Optional[str]:
+    """The preset's ``table.study`` (checked), or None for an ordinary preset (or no preset)."""
+    from fedbench.launch.sweep import compose_run, expand_sweep
+
+    runs = expand_sweep(overrides)
+    if not runs:
+        return None
+    table = compose_run(runs[0]).get("table")
+    name = table.get("study") if table is not None else None
+    if name is None:
+        return None
+    if name not in STUDIES:
+        raise FedbenchError(f"table.study must be one of {', '.join(STUDIES)}, got {name!r}")
+    return str(name)
+
+
+def _module(name: str):
+    return importlib.import_module(f"fedbench.studies.{name}")
+
+
+def study_runs(overrides: Sequence[str], output_root: Path) -> List[Dict[str, Any]]:
+    """One entry per run of the study preset's sweep: overrides, config, run id, folder, record (or None)."""
+    from fedbench.launch.sweep import compose_run, expand_sweep
+    from fedbench.results.records import compute_run_id, read_record
+
+    out = []
+    for ovs in expand_sweep(overrides):
+        cfg = compose_run(ovs)
+        rid = compute_run_id(cfg)
+        folder = Path(output_root) / "runs" / rid
+        rec = read_record(folder / "metrics.json")
+        out.append({"overrides": ovs, "config": cfg, "run_id": rid, "dir": folder,
+                    "record": rec if rec and rec.get("status") == "ok" and rec.get("run_id") == rid else None})
+    return out
+
+
+def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None, *, force: bool = False,
+                     log=print) -> List[Dict[str, Any]]:
+    """Run every study of the preset's sweep that has no ok record yet (all of them with ``force``)."""
+    from fedbench.results.records import write_json_atomic
+
+    launch_dir = launch_dir or os.getcwd()
+    name = study_name(overrides)
+    if name is None:
+        raise FedbenchError("not a study preset (its table has no `study` key)")
+    mod = _module(name)
+    output_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
+    output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
+    runs = study_runs(overrides, output_root)
+    for r in runs:   # reject bad settings of every run before computing any
+        mod.study_settings(r["config"])
+    todo = [r for r in runs if force or r["record"] is None]
+    log(f"{len(todo)} study run(s) to do, {len(runs) - len(todo)} already done")
+    for i, r in enumerate(todo, 1):
+        log(f"[{i}/{len(todo)}] {' '.join(r['overrides'])}")
+        t0 = time.perf_counter()
+        extra = mod.run_from_config(r["config"], r["dir"], launch_dir=launch_dir)
+        rec = {"run_id": r["run_id"], "status": "ok", "study": name,
+               "config": OmegaConf.to_container(r["config"], resolve=True),
+               "timing": {"total_s": time.perf_counter() - t0}, **extra}
+        write_json_atomic(r["dir"] / "metrics.json", rec)
+        r["record"] = rec
+    return runs
+
+
+def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, *, run: bool = True) -> List[Path]:
+    """``make reproduce`` for a study preset: run what is missing (unless ``run`` is False), then draw the
+    preset's ``table.plots``; returns the figure paths."""
+    from fedbench.results.fola_figures import plot_preset_figures
+
+    launch_dir = launch_dir or os.getcwd()
+    if run:
+        run_study_preset(overrides, launch_dir)
+    output_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
+    output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
+    return plot_preset_figures(overrides, output_root, Path(launch_dir) / "results" / "figures")
