@@ -24,7 +24,7 @@ from fedbench.errors import FedbenchError
 
 
 FIGURE_KINDS = ("rounds", "sweep")
-_FIGURE_FIELDS = ("kind", "x", "lines", "metric", "log_x", "reference")
+_FIGURE_FIELDS = ("kind", "x", "lines", "metric", "log_x", "log_y", "reference")
 _REFERENCE_FIELDS = ("table", "where", "x", "metric")
 
 
@@ -38,11 +38,14 @@ def figure_spec(meta: Dict[str, Any]) -> Dict[str, Any]:
     if extra:
         raise FedbenchError(f"{name}: unknown field(s) {', '.join(sorted(extra))} (allowed: {', '.join(_FIGURE_FIELDS)})")
     spec = {"kind": fig.get("kind", "rounds"), "x": fig.get("x"), "lines": list(fig.get("lines") or []),
-            "metric": fig.get("metric"), "log_x": fig.get("log_x", "auto"), "reference": list(fig.get("reference") or [])}
+            "metric": fig.get("metric"), "log_x": fig.get("log_x", "auto"), "log_y": fig.get("log_y", False),
+            "reference": list(fig.get("reference") or [])}
     if spec["kind"] not in FIGURE_KINDS:
         raise FedbenchError(f"{name}.kind must be one of {', '.join(FIGURE_KINDS)}, got {spec['kind']!r}")
     if spec["log_x"] not in ("auto", True, False):
         raise FedbenchError(f"{name}.log_x must be auto, true or false, got {spec['log_x']!r}")
+    if spec["log_y"] not in (True, False):
+        raise FedbenchError(f"{name}.log_y must be true or false, got {spec['log_y']!r}")
     rows = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
     if spec["kind"] == "sweep":
         if spec["x"] not in rows:
@@ -204,6 +207,8 @@ def plot_sweep(points: pd.DataFrame, path: Path, *, title: str = "",
         elif (xs.round() == xs).all():   # M, clients: integer ticks only
             from matplotlib.ticker import MaxNLocator
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if spec["log_y"]:   # losses spanning decades (FedFisher Fig. 1's closed-form vs GD servers)
+            ax.set_yscale("log")
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(spec["x"])
         ax.set_ylabel(metric)
