@@ -209,20 +209,8 @@ def plot_sweep(points: pd.DataFrame, path: Path, *, title: str = "",
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if spec["log_y"]:   # losses spanning decades (FedFisher Fig. 1's closed-form vs GD servers)
             ax.set_yscale("log")
-        ax.set_title(panel, fontsize=9)
-        ax.set_xlabel(spec["x"])
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    if title:
-        import textwrap
-        fig.suptitle("\n".join(textwrap.wrap(title, 60 * cols)), fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        _style_axes(ax, panel, spec["x"], metric)
+    _save_panels(fig, axes, len(panels), cols, title, path)
     return path, pd.DataFrame(drawn)
 
 
@@ -257,21 +245,33 @@ def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", t
                 if len(sel):
                     ax.scatter(sel["rounds"].astype(float), sel["mean"].astype(float), marker="x",
                                color=line.get_color(), zorder=5)
-        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(keys, kv)), fontsize=9)
-        ax.set_xlabel("round")
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+        _style_axes(ax, ", ".join(f"{k}={v}" for k, v in zip(keys, kv)), "round", metric)
+    _save_panels(fig, axes, len(panels), cols, title, path)
+    return path
+
+
+def _style_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save_panels(fig, axes, used: int, cols: int, title: str, path: Path) -> None:
+    """Hide unused panels, add the wrapped title, write the PNG and close the figure."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    for ax in list(axes.flat)[used:]:
         ax.set_visible(False)
     if title:
-        import textwrap
         fig.suptitle("\n".join(textwrap.wrap(title, 60 * cols)), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path
 
 
 def _name_and_title(meta: Dict[str, Any], overrides: Sequence[str], metric: str) -> Tuple[str, str]:
