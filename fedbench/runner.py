@@ -19,7 +19,7 @@ import fedbench
 from fedbench.errors import FedbenchError
 from fedbench.results.summaries import summarize
 from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record,
-                                      write_csv_atomic, write_json_atomic)
+                                      write_csv_atomic, write_json_atomic, write_torch_atomic)
 
 HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "local_accuracy", "train_loss", "cached_clients",
                    "uplink_bytes", "downlink_bytes", "client_train_s", "client_train_compute_s", "client_post_s", "server_s", "eval_s")
@@ -139,7 +139,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     out = Path(output_dir)
     rec_path = out / "metrics.json"
     run_id = compute_run_id(cfg)
-    if not cfg.get("force", False) and is_complete(rec_path, run_id):
+    save_model = bool(cfg.get("save_model", False))
+    if not cfg.get("force", False) and is_complete(rec_path, run_id, need_model=save_model):
         print(f"fedbench: run {run_id} already has an ok record at {rec_path}; skipped (force=true reruns it)")
         rec = read_record(rec_path)
         rec["skipped"] = True
@@ -246,9 +247,15 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     curv_t0 = curvature_seconds()
     status, error = "failed", None
     final_state = None
+    round1_clients = []   # save_model of a one-shot run: the client weights the aggregator received
+    keep_clients = save_model and int(cfg.rounds) == 1
+    saved: Dict[str, str] = {}
     try:
         final_state, logs = run_rounds(setup, algo, init_params, int(cfg.rounds), eval_every=int(cfg.eval.every),
-                             progress=bool(cfg.get("progress", True)), on_round=on_round)
+                             progress=bool(cfg.get("progress", True)), on_round=on_round,
+                             on_clients=(lambda r, ps: round1_clients.extend(ps)) if keep_clients else None)
+        if save_model:
+            saved = _save_model(out, algo.predict_params(final_state), round1_clients, mcfg, data, run_id)
         status = "ok"
     except KeyboardInterrupt:
         error = "interrupted"
@@ -285,6 +292,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                        "curvature_s": curvature_seconds() - curv_t0,
                        "eval_s": sum(h["eval_s"] for h in history)},
             "rounds_completed": len(history),
+            "saved": saved,   # save_model=true: file names (beside this record) of the final / client weights
             "environment": {"device": str(device), "backend": backend, "torch": torch.__version__,
                             "python": platform.python_version(), "fedbench": fedbench.__version__,
                             "git": _git_sha(), "host": platform.node()},
@@ -305,6 +313,34 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     print(f"fedbench: {acfg['name']} on {dcfg['name']}{approx} ({cfg.num_clients} clients, {pcfg['name']}, "
           f"{len(history)} round(s)): {summary} | {record['timing']['total_s']:.1f}s | {rec_path}")
     return record
+
+
+def _save_model(out: Path, params, clients, mcfg: Dict[str, Any], data, run_id: str) -> Dict[str, str]:
+    """``save_model=true``: the final global weights (``predict_params``: one dict, or a list for an ensemble)
+    to ``model.pt`` and, for a one-shot run, the round-1 client weights to ``clients.pt``; each file also says
+    how to rebuild the model (``fedbench.models.build_model(name, input_shape=, num_classes=, **kwargs)``)."""
+    def cpu(p):
+        if isinstance(p, (list, tuple)):
+            return [cpu(q) for q in p]
+        if isinstance(p, dict) and all(isinstance(v, torch.Tensor) for v in p.values()):
+            return {k: v.detach().cpu().clone() for k, v in p.items()}
+        raise TypeError(type(p).__name__)
+
+    try:
+        params = cpu(params)
+    except TypeError as e:   # e.g. FedOV's open-set vote: a predictor, not weights
+        print(f"fedbench: WARNING: save_model: the method predicts with a {e}, not weights; model.pt not written",
+              file=sys.stderr)
+        return {"model": None}   # recorded as "nothing to save", so the run is not redone for want of a file
+    head = {"run_id": run_id, "model": mcfg["name"], "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "model_kwargs": {k: v for k, v in mcfg.items() if k not in ("name", "pretrained")}}
+    write_torch_atomic(out / "model.pt", {**head, "params": params})
+    saved = {"model": "model.pt"}
+    if clients:
+        write_torch_atomic(out / "clients.pt", {**head, "params": cpu(clients)})
+        saved["clients"] = "clients.pt"
+    return saved
 
 
 def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:

@@ -95,7 +95,11 @@ class RoundLog:
 
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
                eval_every: int = 1, progress: bool = True,
-               on_round: Optional[Callable[[RoundLog], None]] = None) -> tuple[Dict[str, Any], List[RoundLog]]:
+               on_round: Optional[Callable[[RoundLog], None]] = None,
+               on_clients: Optional[Callable[[int, List[Dict[str, Tensor]]], None]] = None
+               ) -> tuple[Dict[str, Any], List[RoundLog]]:
+    """``on_clients(round, params)``: the round's trained client weights (member 0), as the server receives
+    them (the runner's ``save_model`` keeps round 1's)."""
     from tqdm.auto import tqdm
 
     state = algo.init_state(init_params)
@@ -145,6 +149,8 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
                 else:
                     results.append(train(m))
             result = results[0]
+            if on_clients is not None:
+                on_clients(r, result.params)
             t1 = time.perf_counter()
             if n_mem == 1:
                 messages = [algo.client_message(cid, result.params[i], result, i, state, r) for i, cid in enumerate(ids)]

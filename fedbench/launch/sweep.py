@@ -168,9 +168,11 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
                 ovs = ovs + [f"aggregators={_present_aggregators(cfg)}"]
                 cfg = compose_run(ovs)
             subs = expand_aggregators(cfg, CONF_DIR)
-            finished = all(is_complete(run_dir(s, launch_dir) / "metrics.json", compute_run_id(s)) for s in subs)
+            finished = all(is_complete(run_dir(s, launch_dir) / "metrics.json", compute_run_id(s),
+                                       need_model=bool(s.get("save_model"))) for s in subs)
         else:
-            finished = is_complete(run_dir(cfg, launch_dir) / "metrics.json", compute_run_id(cfg))
+            finished = is_complete(run_dir(cfg, launch_dir) / "metrics.json", compute_run_id(cfg),
+                                   need_model=bool(cfg.get("save_model")))
         (done if finished and not force else todo).append(ovs)
     return todo, done
 

@@ -1,4 +1,5 @@
-"""FOLA's figures (fola.md §4, §6 R1-R8) from run and study records.
+"""FOLA's figures (fola.md §4, §6 R1-R8) from run and study records; also the dispatch of every preset's named
+plots (``table.plots``), including FedLPA's t-SNE figures drawn from saved weights (fedbench.results.tsne).
 
 A preset names its plots in ``table.plots`` (``fola_fig3`` ... ``fola_fig12``); ``plot_preset_figures`` draws
 them into ``results/figures/<paper>_<id>[_<profile>].png`` with the plotted numbers beside them
@@ -482,7 +483,8 @@ RUN_PLOTS: Dict[str, Callable] = {"fola_fig3": plot_fig3, "fola_fig4": plot_fig4
                                   "fola_fig8": plot_fig8, "fola_fig6c": plot_fig6c}
 HISTORY_PLOTS: Dict[str, Callable] = {"fola_fig7": plot_fig7, "fola_fig9": plot_fig9}
 STUDY_PLOTS = ("fola_fig10", "fola_fig11", "fola_fig12")
-PLOTS = tuple(RUN_PLOTS) + tuple(HISTORY_PLOTS) + STUDY_PLOTS
+MODEL_PLOTS = ("tsne_global", "tsne_local")   # from saved weights (save_model=true): FedLPA Figs. 1, 4, 5 (results/tsne.py)
+PLOTS = tuple(RUN_PLOTS) + tuple(HISTORY_PLOTS) + STUDY_PLOTS + MODEL_PLOTS
 
 
 def _profile(overrides: Sequence[str]) -> str:
@@ -550,7 +552,10 @@ def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir
             paths.append(_plot_study(k, overrides, output_root, path, profile))
             continue
         df = preset_records(overrides, output_root) if df is None else df
-        if k in RUN_PLOTS:
+        if k in MODEL_PLOTS:
+            from fedbench.results.tsne import plot_tsne
+            paths.append(plot_tsne(k, df, meta, path, profile, output_root))
+        elif k in RUN_PLOTS:
             paths.append(RUN_PLOTS[k](df, meta, path, profile))
         else:
             paths.append(HISTORY_PLOTS[k](df, meta, path, profile, output_root))

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 # Keys that say where/how a run executes, not what it computes: excluded from run_id.
-NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table")
+NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table",
+                     "save_model")
 
 
 # Optional blocks that enter the identity only when switched on (size > 0), so that adding such a feature
@@ -54,6 +55,15 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_torch_atomic(path: Path, obj: Any) -> None:
+    """``torch.save(obj)`` to ``path`` via a temp file + rename (tensors should be on the CPU)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    _atomic_write_bytes(path, buf.getvalue())
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -102,6 +112,12 @@ def read_record(path: Path) -> Optional[Dict[str, Any]]:
         return None
 
 
-def is_complete(path: Path, run_id: Optional[str] = None) -> bool:
+def is_complete(path: Path, run_id: Optional[str] = None, need_model: bool = False) -> bool:
+    """An ok record of ``run_id``; with ``need_model`` (a ``save_model=true`` run) also its saved weights
+    (``record['saved']``: file names beside the record), so that an older record without them is rerun."""
     rec = read_record(path)
-    return bool(rec) and rec.get("status") == "ok" and (run_id is None or rec.get("run_id") == run_id)
+    ok = bool(rec) and rec.get("status") == "ok" and (run_id is None or rec.get("run_id") == run_id)
+    if ok and need_model:
+        saved = rec.get("saved") or {}
+        ok = "model" in saved and all((Path(path).parent / f).is_file() for f in saved.values() if f is not None)
+    return ok
