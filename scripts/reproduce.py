@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         from fedbench.studies.presets import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
             for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only):
-                print(f"figure written: {p}")
+                print(f"{'table' if str(p).endswith('.md') else 'figure'} written: {p}")
             return 0
         meta = preset_meta(args.overrides)   # bad table / figure declarations fail before any training
         if not args.collect_only:

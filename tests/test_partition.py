@@ -393,7 +393,7 @@ def test_client_label_counts():
 def test_registered_names():
     assert set(PARTITIONS.names()) == {"noniid-labeldir", "noniid-#label", "homo", "iid-diff-quantity",
                                        "dirichlet_clientwise", "dirichlet_per_class_contiguous",
-                                       "size_class_dirichlet", "uci_inhomogeneous", "disjoint_classes", "natural",
+                                       "size_class_dirichlet", "uci_inhomogeneous", "disjoint_classes", "natural", "fedfisher_attack",
                                        "niid-bench"}
     assert partition_params("noniid-#label2") == ["k"]
 

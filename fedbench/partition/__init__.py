@@ -11,6 +11,7 @@ name                              what                                          
 ``homo``                          IID equal split (contiguous or PVI strided)                 NIID-Bench; PVI/FedLap
 ``iid-diff-quantity``             IID content, Dir(beta) sizes                                NIID-Bench
 ``dirichlet_clientwise``          per-client Dir(alpha) over classes                          FedFisher, FedBEns
+``fedfisher_attack``              client 1 = all of one class + 1000 others; Dir rest          FedFisher App. E (Tab. 6)
 ``dirichlet_per_class_contiguous``  per-class Dir(alpha), contiguous slices                   FOLA (FedMA)
 ``size_class_dirichlet``          sizes ~ Dir(alpha1), class mix ~ Dir(alpha2)                FedLap App. E.1
 ``uci_inhomogeneous``             half small/negative-heavy, half big clients                 PVI; FedLap UCI
@@ -33,7 +34,7 @@ import numpy as np
 from fedbench.errors import FedbenchError
 from fedbench.partition.base import PARTITIONS, PartitionFn
 from fedbench.partition import (dirichlet_clientwise, dirichlet_per_class_contiguous, disjoint_classes,  # noqa: F401
-                                natural, niid_bench, niid_cell, size_class_dirichlet,
+                                fedfisher_attack, natural, niid_bench, niid_cell, size_class_dirichlet,
                                 uci_inhomogeneous)
 
 __all__ = ["PARTITIONS", "make_partition", "client_label_counts", "partition_params"]

@@ -1,11 +1,17 @@
 """Experiment presets that drive a study instead of ``run.py`` (FOLA Figs. 10-12: the §IV-E softmax-regression
-study, fedbench.studies.fola_laplace).
+study, fedbench.studies.fola_laplace; FedFisher Table 6 / Fig. 4: the GMI attack, fedbench.studies.gmi_attack).
 
 A preset declares ``table.study: <module>`` (a module of ``fedbench.studies`` with ``run_from_config(cfg,
 out_dir, launch_dir=..., log=...)``) and otherwise looks like any preset: its sweep and profiles expand into
 runs (``fedbench.launch.sweep.expand_sweep``), each run's config has a run id, and the study writes its files
 into ``<output_root>/runs/<run_id>/`` with a ``metrics.json`` record (``status: ok``, the resolved config, the
 files), so a finished study is skipped on the next ``make reproduce`` exactly as a finished run is.
+
+A study preset with ``table.columns`` also gets a table (``collect_study_table``: the records' values beside the
+paper's numbers, as ``fedbench.results.tables.collect``). With ``table.column_methods: true`` every derived
+column is one method of the paper's table (one study run measures all of them, e.g. the three levels of
+server access of FedFisher Table 6), so a column's name is the ``method`` its reference row is joined on.
+A study module may define ``publish(runs, figures_dir, profile)`` to copy its figures into results/figures/.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 
-STUDIES = ("fola_laplace",)
+STUDIES = ("fola_laplace", "gmi_attack")
 
 
 def study_name(overrides: Sequence[str]) -> Optional[str]:
@@ -97,4 +103,34 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
         run_study_preset(overrides, launch_dir)
     output_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
-    return plot_preset_figures(overrides, output_root, Path(launch_dir) / "results" / "figures")
+    figures_dir = Path(launch_dir) / "results" / "figures"
+    paths = plot_preset_figures(overrides, output_root, figures_dir)
+    mod = _module(study_name(overrides))
+    if hasattr(mod, "publish"):
+        runs = study_runs(overrides, output_root)
+        profile = str(runs[0]["config"].get("profile") or "paper") if runs else "paper"
+        paths += mod.publish(runs, figures_dir, profile)
+    table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables")
+    return paths + ([table] if table is not None else [])
+
+
+def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir: Path) -> Optional[Path]:
+    """The study preset's table (``table.columns``) from its run records, beside the paper's numbers:
+    ``<tables_dir>/<paper>_<id>[_<profile>].md`` (+ ``_runs.csv``); None when the preset declares no columns."""
+    from fedbench.results.tables import attach_reference, summarise, table_runs, to_markdown
+
+    df = table_runs(overrides, Path(output_root))
+    meta = df.attrs.get("table") or {}
+    if df.empty or not meta.get("columns"):
+        return None
+    if meta.get("column_methods"):
+        df["method"] = df["column"]
+    profile = str(df["profile"].iloc[0]) if len(df) else "paper"
+    name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}")
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    df.to_csv(tables_dir / f"{name}_runs.csv", index=False)
+    summary = summarise(df, "accuracy")
+    summary = attach_reference(summary, meta["paper"], meta["id"], str(meta.get("metric") or "accuracy"))
+    out = tables_dir / f"{name}.md"
+    out.write_text(to_markdown(summary, meta, profile))
+    return out

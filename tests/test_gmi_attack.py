@@ -1,0 +1,166 @@
+"""FedFisher Table 6 / Fig. 4: the privacy split, the K-FAC-matching loss against the curvature engine, the GMI
+attack on a tiny problem, config checks, and the study preset (fedbench.studies.gmi_attack)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from fedbench.errors import FedbenchError
+from fedbench.launch.sweep import compose_run, expand_sweep
+from fedbench.partition import make_partition
+from fedbench.studies import gmi_attack as g
+
+QUICK = ["experiment=fedfisher/table6", "profile=quick"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- the split -----------------------------------------------------------------------------------------------
+def _mnist_like_labels(n=60000, seed=0):
+    return np.random.default_rng(seed).integers(0, 10, size=n)
+
+
+def test_split_counts_client1_has_every_3_plus_1000_others():
+    y = _mnist_like_labels()
+    parts = make_partition("fedfisher_attack", y, 10, 0, fixed_seed=3, target_label=3, num_others=1000, alpha=0.1)
+    assert len(parts) == 10
+    c1 = parts[0]
+    assert len(np.unique(c1)) == len(c1)
+    assert set(np.flatnonzero(y == 3)) <= set(c1.tolist())
+    assert int((y[c1] != 3).sum()) == 1000
+    assert len(c1) == int((y == 3).sum()) + 1000
+    rest = np.concatenate(parts[1:])
+    assert len(np.unique(rest)) == len(rest)                      # clients 2-10 do not overlap
+    assert not (set(rest.tolist()) & set(c1.tolist()))
+    assert not (y[rest] == 3).any()                               # no 3 outside client 1
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))   # everything assigned
+    again = make_partition("fedfisher_attack", y, 10, 5, fixed_seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))          # fixed split seed
+
+
+def test_split_rejects_bad_settings():
+    y = _mnist_like_labels(2000)
+    for kw, msg in (({"num_others": 5000}, "num_others"), ({"target_label": 12}, "target_label"),
+                    ({"alpha": 0.0}, "alpha")):
+        with pytest.raises(FedbenchError, match=msg):
+            make_partition("fedfisher_attack", y, 10, 0, **kw)
+    with pytest.raises(FedbenchError, match="num_clients >= 2"):
+        make_partition("fedfisher_attack", y, 1, 0)
+
+
+# ---- K-FAC of a generated batch ------------------------------------------------------------------------------
+class _Tiny(nn.Sequential):
+    def __init__(self, bias):
+        super().__init__(nn.Conv2d(1, 3, 5, stride=3, bias=bias), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(3 * 8 * 8, 6, bias=bias), nn.ReLU(), nn.Linear(6, 4, bias=bias))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("conv", ["nngeometry", "expand"])
+def test_kfac_factors_equal_the_curvature_engine(bias, conv):
+    from fedbench.curvature import compute_curvature
+
+    torch.manual_seed(0)
+    model = _Tiny(bias).double()
+    x = torch.randn(7, 1, 28, 28, dtype=torch.float64)
+    ref = compute_curvature(model, x, torch.zeros(7, dtype=torch.long), structure="kfac", fisher="true",
+                            scale="mean", conv_convention=conv, bias_augment=True, batch_size=3)
+    ours = g.kfac_factors(model, x, conv_convention=conv)
+    assert set(ours) == set(ref.blocks)
+    for name, blk in ref.blocks.items():
+        torch.testing.assert_close(ours[name][0], blk.A, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(ours[name][1], blk.G, rtol=1e-10, atol=1e-12)
+
+
+def test_kfac_match_loss_is_zero_on_its_own_factors_and_has_a_z_gradient():
+    torch.manual_seed(1)
+    model = _Tiny(False)
+    gen = g.Generator(z_dim=8, width=4)
+    z = torch.rand(5, 8, requires_grad=True)
+    img = gen(z)
+    own = {k: (a.detach(), b.detach()) for k, (a, b) in g.kfac_factors(model, img).items()}
+    assert float(g.kfac_match_loss(g.kfac_factors(model, img), own).detach()) == 0.0
+    other = {k: (a * 1.1, b * 0.9) for k, (a, b) in own.items()}
+    loss = g.kfac_match_loss(g.kfac_factors(model, gen(z)), other)
+    # the literal definition: summed element-wise squared differences
+    direct = sum(((a - 1.1 * a) ** 2).sum() + ((b - 0.9 * b) ** 2).sum() for a, b in own.values())
+    torch.testing.assert_close(loss.detach(), direct, rtol=1e-4, atol=1e-8)
+    (grad,) = torch.autograd.grad(loss, z)
+    assert torch.isfinite(grad).all() and float(grad.abs().sum()) > 0
+
+
+# ---- the attack ----------------------------------------------------------------------------------------------
+class _LinearGen(nn.Module):
+    """A tiny generator whose range is wide enough for the attack to move the classifier."""
+
+    def __init__(self, z_dim=8):
+        super().__init__()
+        self.z_dim = z_dim
+        self.fc = nn.Linear(z_dim, 784)
+        with torch.no_grad():
+            self.fc.weight.mul_(10.0)
+
+    def forward(self, z):
+        return torch.sigmoid(self.fc(z)).view(-1, 1, 28, 28)
+
+
+def test_attack_increases_the_target_probability():
+    torch.manual_seed(2)
+    gen, critic = _LinearGen(), g.Critic(width=4)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    res = g.invert(gen, critic, model, label=3, num=6, steps=40, lr=0.05, momentum=0.9, lambda_id=100.0, seed=0)
+    first, last = res["trace"][0]["target_prob"], res["trace"][-1]["target_prob"]
+    assert last > first + 0.05
+    assert res["images"].shape == (6, 1, 28, 28) and float(res["z"].abs().max()) <= 1.0
+    # case (iii): the K-FAC term is part of the objective and is evaluated
+    tgt = {k: (a.detach(), b.detach()) for k, (a, b) in g.kfac_factors(model, torch.rand(4, 1, 28, 28)).items()}
+    res3 = g.invert(gen, critic, model, label=3, num=4, steps=5, lr=0.05, momentum=0.9, lambda_id=1.0,
+                    kfac_target=tgt, lambda_kfac=1.0, seed=0)
+    assert res3["trace"][-1]["kfac"] is not None
+
+
+def test_gan_trains_a_few_steps():
+    x = torch.rand(40, 1, 28, 28)
+    G, D, trace = g.train_gan(x, z_dim=8, steps=2, critic_steps=1, batch_size=8, lr=1e-3, gp_weight=10.0, seed=0)
+    assert G(torch.zeros(3, 8)).shape == (3, 1, 28, 28) and trace[-1]["step"] == 2
+
+
+# ---- config and preset ---------------------------------------------------------------------------------------
+def test_preset_composes_and_expands():
+    from fedbench.studies.presets import study_name
+
+    assert study_name(QUICK) == "gmi_attack"
+    assert len(expand_sweep(QUICK)) == 1
+    assert len(expand_sweep(["experiment=fedfisher/table6", "profile=paper"])) == 3
+    cfg = compose_run(expand_sweep(QUICK)[0])
+    st = g.study_settings(cfg)
+    assert st["aux_size"] == 5000 and st["target_label"] == 3 and cfg.partition.name == "fedfisher_attack"
+    assert cfg.algorithm.name == "fedfisher_kfac" and cfg.num_clients == 10
+
+
+@pytest.mark.parametrize("extra,msg", [(["+study.foo=1"], "no key"), (["study.attack_steps=0"], "attack_steps"),
+                                       (["partition=dirichlet_clientwise"], "fedfisher_attack"),
+                                       (["algorithm=fedavg"], "fedfisher_kfac"), (["study.cases=[nope]"], "cases"),
+                                       (["study.target_label=4"], "target_label"), (["rounds=2"], "rounds")])
+def test_bad_config_gives_one_line_error(extra, msg):
+    cfg = compose_run(expand_sweep(["experiment=fedfisher/table6", "profile=paper"])[0] + extra)
+    with pytest.raises(FedbenchError, match=msg) as e:
+        g.study_settings(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_table_joins_each_column_to_its_paper_row(tmp_path):
+    from fedbench.results.records import compute_run_id
+    from fedbench.studies.presets import collect_study_table, study_runs
+
+    (run,) = study_runs(QUICK, tmp_path)
+    rec = {"run_id": run["run_id"], "status": "ok", "metrics": {
+        "attack_accuracy_local_model_client1": 70.0, "attack_accuracy_aggregate": 10.0,
+        "attack_accuracy_aggregate_plus_client1_kfac": 20.0}}
+    assert run["run_id"] == compute_run_id(run["config"])
+    (tmp_path / "runs" / run["run_id"]).mkdir(parents=True)
+    (tmp_path / "runs" / run["run_id"] / "metrics.json").write_text(json.dumps(rec))
+    text = collect_study_table(QUICK, tmp_path, tmp_path / "tables").read_text()
+    assert "70.00 ± 0.00 (n=1) / 78.40 / Δ -8.40" in text
+    assert "10.00 ± 0.00 (n=1) / 5.00" in text and "20.00 ± 0.00 (n=1) / 9.60" in text
