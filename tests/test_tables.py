@@ -196,3 +196,11 @@ def test_bad_column_declarations_fail_with_one_line():
             column_specs({**meta, "columns": cols})
     with pytest.raises(FedbenchError, match="layout"):
         table_layout({**meta, "layout": {"rows": ["dataset", "threshold"]}}, pd.DataFrame())
+
+
+def test_cells_keep_small_values_readable():
+    from fedbench.results.tables import format_cell
+    # accuracies: 2 decimals; losses below 0.1 (FedFisher Fig. 1's training error): 3 significant digits
+    assert format_cell({"mean": 74.2812, "std": 3.4456, "n": 3, "paper": 68.36}) == "74.28 ± 3.45 (n=3) / 68.36 / Δ +5.92"
+    assert format_cell({"mean": 0.01532, "std": 0.004471, "n": 2}).startswith("0.0153 ± 0.00447 (n=2) / —")
+    assert format_cell({"mean": 0.0, "std": 0.0, "n": 1}).startswith("0.00 ± 0.00 (n=1)")

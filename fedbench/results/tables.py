@@ -319,7 +319,11 @@ def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str 
 
 
 def _fmt(x, digits=2):
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    """Accuracies with 2 decimals; small non-zero values (losses such as FedFisher Fig. 1's) with 3 significant
+    digits, which 2 decimals would flatten to 0.01-0.02."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return f"{x:.3g}" if 0 < abs(x) < 0.1 else f"{x:.{digits}f}"
 
 
 def _missing(x) -> bool:
