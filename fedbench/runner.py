@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -103,7 +103,25 @@ def validate(cfg: DictConfig) -> None:
     if cfg.get("server_unlabeled") is not None:
         from fedbench.fl.server_data import ServerUnlabeledConfig
         ServerUnlabeledConfig.from_cfg(OmegaConf.to_container(cfg.server_unlabeled, resolve=True))
+    normalization(_group(cfg, "dataset").get("normalize", True), None)
     resolve_backend(cfg.hardware.backend, resolve_device(cfg.hardware.device))
+
+
+def normalization(value, default_stats):
+    """``dataset.normalize``: true = the data set's own statistics (``default_stats`` = (mean, std)), false = none
+    (ToTensor only), or ``{mean: [...], std: [...]}`` per channel (FOLA Table I's (0.5, 0.5, 0.5)). Returns
+    (mean, std) or (None, None); ``default_stats=None`` only checks the value."""
+    if isinstance(value, bool):
+        return (default_stats if default_stats is not None else (None, None)) if value else (None, None)
+    if isinstance(value, Mapping) and set(value) == {"mean", "std"}:
+        mean, std = value["mean"], value["std"]
+        ok = (isinstance(mean, Sequence) and isinstance(std, Sequence) and len(mean) == len(std) > 0
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in [*mean, *std])
+              and all(v > 0 for v in std))
+        if ok:
+            return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    raise FedbenchError(f"dataset.normalize must be true, false or {{mean: [...], std: [...]}} with one positive std "
+                        f"per channel, got {value!r}")
 
 
 def _git_sha() -> Optional[str]:
@@ -195,8 +213,9 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     set_threads(cfg.hardware.get("num_threads"), device, count_parameters(model))
 
     data = data.to(device)
-    normalize = dcfg.get("normalize", True)
-    mean, std = (data.mean, data.std) if normalize else (None, None)
+    mean, std = normalization(dcfg.get("normalize", True), (data.mean, data.std))
+    if mean is not None and data.mean is not None and len(mean) != len(data.mean):
+        raise FedbenchError(f"dataset.normalize gives {len(mean)} channel(s), {dcfg['name']} has {len(data.mean)}")
     aug = Augment(**dcfg["augment"]) if dcfg.get("augment") else None
     train = TrainData(data.train_x, data.train_y, mean, std, aug if aug is not None and aug.enabled else None,
                       data.task)

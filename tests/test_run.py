@@ -68,6 +68,8 @@ def test_zero_epochs_evaluates_initial_model(tmp_path):
     (["local.lr=-1"], "local.lr"),
     (["hardware.device=cuda:7"], "device"),
     (["hardware.num_threads=0"], "num_threads"),
+    (["dataset.normalize={mean:[0.5],std:[0]}"], "dataset.normalize"),
+    (["dataset.normalize={mean:[0.5,0.5,0.5],std:[0.5,0.5,0.5]}"], "channel"),   # FMNIST-like data: 1 channel
 ])
 def test_bad_input_one_line_no_record(tmp_path, args, needle):
     p = run(SMALL + args, tmp_path, expect=2)
@@ -97,3 +99,23 @@ def test_curvature_time_is_recorded(tmp_path):
     (rec_path,) = records(tmp_path)
     rec = json.loads(rec_path.read_text())
     assert 0 < rec["timing"]["curvature_s"] <= rec["timing"]["client_post_s"]
+
+
+def test_normalization_values():
+    from fedbench.errors import FedbenchError
+    from fedbench.runner import normalization
+    stats = ((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))
+    assert normalization(True, stats) == stats and normalization(False, stats) == (None, None)
+    assert normalization({"mean": [0.5] * 3, "std": [0.5] * 3}, stats) == ((0.5,) * 3, (0.5,) * 3)   # FOLA Table I
+    for bad in ("yes", {"mean": [0.5]}, {"mean": [0.5], "std": [0.5, 0.5]}, {"mean": ["a"], "std": [1]},
+                {"mean": [0.5], "std": [-1]}):
+        with pytest.raises(FedbenchError, match="dataset.normalize"):
+            normalization(bad, stats)
+
+
+def test_custom_normalization_is_recorded_and_changes_the_run_id(tmp_path):
+    run(SMALL + ["rounds=1", "local.epochs=0"], tmp_path)
+    run(SMALL + ["rounds=1", "local.epochs=0", "dataset.normalize={mean:[0.5],std:[0.5]}"], tmp_path)
+    recs = [json.loads(r.read_text()) for r in records(tmp_path)]
+    assert len({r["run_id"] for r in recs}) == 2
+    assert {str(r["config"]["dataset"]["normalize"]) for r in recs} == {"True", "{'mean': [0.5], 'std': [0.5]}"}
