@@ -357,3 +357,11 @@ def test_run_py_bad_config_one_line(tmp_path):
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and "vote" in lines[0]
     assert records(tmp_path) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_runs_on_cuda(tmp_path):
+    # outliers are drawn from CPU generators and moved: the same code path on a GPU, end to end
+    (rec,) = _execute(tmp_path, ["hardware=cuda", "aggregators=[{name:fedov,distill_epochs:2}]"])
+    assert rec["status"] == "ok" and rec["environment"]["device"].startswith("cuda")
+    assert 0 <= rec["metrics"]["vote_accuracy"] <= 100 and math.isfinite(rec["metrics"]["nll"])
