@@ -22,9 +22,9 @@ from fedbench.results.records import (compute_run_id, identity_config, is_comple
                                       write_csv_atomic, write_json_atomic, write_torch_atomic)
 
 HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "local_accuracy", "train_loss", "cached_clients",
-                   "uplink_bytes", "downlink_bytes", "client_train_s", "client_train_compute_s", "client_post_s", "server_s", "eval_s")
+                   "uplink_bytes", "downlink_bytes", "client_train_s", "client_train_compute_s", "client_post_s", "client_post_compute_s", "server_s", "eval_s")
 _NON_METRICS = {"round", "train_loss", "cached_clients", "uplink_bytes", "downlink_bytes", "client_train_s",
-                "client_train_compute_s", "client_post_s", "server_s", "eval_s"}
+                "client_train_compute_s", "client_post_s", "client_post_compute_s", "server_s", "eval_s"}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -258,7 +258,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                "uplink_bytes": log.uplink_bytes,
                "downlink_bytes": log.downlink_bytes, "client_train_s": log.client_train_s,
                "client_train_compute_s": log.client_train_compute_s,
-               "client_post_s": log.client_post_s, "server_s": log.server_s, "eval_s": log.eval_s}
+               "client_post_s": log.client_post_s, "client_post_compute_s": log.client_post_compute_s,
+               "server_s": log.server_s, "eval_s": log.eval_s}
         history.append(row)
         logger.log_round(row)
 
@@ -307,6 +308,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                        "client_train_s": sum(h["client_train_s"] for h in history),
                        "client_train_compute_s": sum(h["client_train_compute_s"] for h in history),
                        "client_post_s": sum(h["client_post_s"] for h in history),
+                       "client_post_compute_s": sum(h["client_post_compute_s"] for h in history),
                        "server_s": sum(h["server_s"] for h in history),
                        "curvature_s": curvature_seconds() - curv_t0,
                        "eval_s": sum(h["eval_s"] for h in history)},

@@ -74,3 +74,28 @@ def test_per_client_products_cached_with_their_stage(tmp_path):
     s.current_stage = None   # not cacheable (e.g. a later round): always computed
     s.cached("curvature", 0, {"lam": 1e-3}, f)
     assert len(calls) == 4
+
+
+def test_products_served_from_the_cache_keep_their_compute_time(tmp_path):
+    import time
+    s = _cached_setup(tmp_path)
+    s.current_stage = {"stage": 1}
+
+    def slow():
+        time.sleep(0.05)
+        return {"diag": torch.arange(3.0)}
+    s.cached("curvature", 0, {"lam": 1e-3}, slow)                 # computed: its cost is stored with the entry
+    assert s.cache.served_s == 0.0
+    s.cached("curvature", 0, {"lam": 1e-3}, slow)                 # served: its stored cost is counted
+    assert s.cache.served_s >= 0.05
+    # through the loop: FedLPA's CG and GD solvers share the cached K-FAC factors; the second run's
+    # client_post_s is only the load, but client_post_compute_s still carries the factor pass
+    s = _cached_setup(tmp_path / "loop")
+    _, first = _run(s, {"name": "fedlpa", "solver": "cg"})
+    _, second = _run(s, {"name": "fedlpa", "solver": "ea"})
+    assert second[0].cached_clients
+    computed = first[0].client_post_compute_s
+    assert computed == first[0].client_post_s > 0
+    # what the second run adds is the factor passes' own times, which were part of the first run's client_post_s
+    served = second[0].client_post_compute_s - second[0].client_post_s
+    assert 0 < served <= computed

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
@@ -31,6 +32,7 @@ class ClientStageCache:
         self.root = Path(root) if root else None
         self.hits = 0
         self.misses = 0
+        self.served_s = 0.0   # what the entries served from the cache cost when they were computed (seconds)
 
     @property
     def enabled(self) -> bool:
@@ -52,6 +54,7 @@ class ClientStageCache:
                     json.loads(entry.get("parts", "null")) != json.loads(json.dumps(parts, default=str)):
                 raise ValueError("key mismatch")
             self.hits += 1
+            self.served_s += float(entry.get("seconds") or 0.0)
             return entry["payload"]
         except Exception as e:  # corrupt / torn / foreign file: recompute, never use
             print(f"fedbench: WARNING: cache entry {path} is unusable ({type(e).__name__}); recomputing",
@@ -62,13 +65,15 @@ class ClientStageCache:
                 pass
             return None
 
-    def save(self, parts: Dict[str, Any], payload: Dict[str, Any]) -> None:
+    def save(self, parts: Dict[str, Any], payload: Dict[str, Any], seconds: Optional[float] = None) -> None:
+        """``seconds``: what computing the payload cost, kept so a record served from the cache still reports it."""
         if not self.enabled:
             return
         key = cache_key(parts)
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {"key": key, "parts": json.dumps(parts, sort_keys=True, default=str), "payload": payload}
+        entry = {"key": key, "parts": json.dumps(parts, sort_keys=True, default=str), "payload": payload,
+                 "seconds": None if seconds is None else float(seconds)}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
         os.close(fd)
         try:
@@ -85,8 +90,9 @@ class ClientStageCache:
         if hit is not None:
             return _to(hit, device) if device is not None else hit
         self.misses += 1
+        t0 = time.perf_counter()
         payload = compute()
-        self.save(parts, _to(payload, torch.device("cpu")))
+        self.save(parts, _to(payload, torch.device("cpu")), seconds=time.perf_counter() - t0)
         return payload
 
 

@@ -91,6 +91,8 @@ class RoundLog:
     train_loss: float
     cached_clients: bool = False
     client_train_compute_s: float = 0.0   # what training these clients cost when it ran (also when loaded from the cache)
+    client_post_compute_s: float = 0.0    # client_post_s plus what the per-client products served from the cache
+                                          # (curvature, Gram matrices, ...) cost when they were computed
 
 
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
@@ -152,12 +154,14 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
             if on_clients is not None:
                 on_clients(r, result.params)
             t1 = time.perf_counter()
+            served0 = setup.cache.served_s if setup.cache is not None else 0.0
             if n_mem == 1:
                 messages = [algo.client_message(cid, result.params[i], result, i, state, r) for i, cid in enumerate(ids)]
             else:   # a client's M trained weight dicts and results, as lists over members
                 messages = [algo.client_message(cid, [res.params[i] for res in results], results, i, state, r)
                             for i, cid in enumerate(ids)]
             t2 = time.perf_counter()
+            served_post = (setup.cache.served_s if setup.cache is not None else 0.0) - served0
             state = algo.aggregate(messages, state, r)
             t3 = time.perf_counter()
             metrics: Dict[str, float] = {}
@@ -182,7 +186,8 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
             log = RoundLog(r, metrics, client_train_s=t1 - t0, client_post_s=t2 - t1, server_s=t3 - t2, eval_s=t4 - t3,
                            uplink_bytes=sum(m.nbytes for m in messages), downlink_bytes=down,
                            train_loss=train_loss, cached_clients=cached,
-                           client_train_compute_s=sum(float(res.seconds) for res in results))
+                           client_train_compute_s=sum(float(res.seconds) for res in results),
+                           client_post_compute_s=(t2 - t1) + served_post)
             logs.append(log)
             if on_round is not None:
                 on_round(log)
