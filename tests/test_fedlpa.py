@@ -247,6 +247,10 @@ def test_aggregate_matches_dense_solve_per_layer():
             assert st["solver_info"][s.module]["rel_residual"] < 1e-12
             M_ea = fl.ea_solve(Gs, As, p, Ms)[0]
             assert torch.allclose(s.to_matrix(st["extra_eval"]["ea"]), M_ea, rtol=0, atol=1e-12)
+        # the record's residuals are the worst layer's; distinct client factors leave EA off the solution
+        layers = st["solver_info"].values()
+        assert st["extra_metrics"]["solver_rel_residual"] == max(i["rel_residual"] for i in layers) < 1e-12
+        assert st["extra_metrics"]["ea_rel_residual"] == max(i["ea_rel_residual"] for i in layers) > 1e-6
 
 
 def test_best_of_ea_gd_on_test_picks_the_better_test_accuracy():
@@ -359,6 +363,7 @@ def test_run_py_records_accuracy_and_ea_accuracy(tmp_path):
     rec = json.loads(rec_path.read_text())
     assert rec["status"] == "ok" and rec["algorithm"] == "fedlpa"
     assert 0 <= rec["metrics"]["accuracy"] <= 100 and 0 <= rec["metrics"]["ea_accuracy"] <= 100
+    assert rec["metrics"]["solver_rel_residual"] >= 0 and rec["metrics"]["ea_rel_residual"] >= 0
     # uplink > weights alone (the K-FAC factors travel too)
     assert rec["communication"]["uplink_bytes"] > 3 * 4 * rec["model"]["num_parameters"]
     p = run(SMALL + ["rounds=1", "algorithm=fedlpa", "algorithm.solver=newton"], tmp_path, expect=2)

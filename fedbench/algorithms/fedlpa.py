@@ -409,7 +409,13 @@ class FedLPA(Algorithm):
         factors = list(state.get("factors") or [None] * self.setup.num_clients)
         for m, f in zip(messages, out["client_factors"]):
             factors[m.client_id] = f
+        info = out["info"].values()
+        # how well each solution solves the layer systems (max over layers of ||Z - A(M)||_F / ||Z||_F): says
+        # whether GD converged, stalled or diverged, and how far EA is from the exact solution
+        residuals = {"solver_rel_residual": max((i["rel_residual"] for i in info), default=0.0),
+                     "ea_rel_residual": max((i["ea_rel_residual"] for i in info), default=0.0)}
         new = {**state, "params": sol, "extra_eval": {"ea": ea}, "solver_info": out["info"],
+               "extra_metrics": residuals,
                "factor_sums": out["factor_sums"], "factors": factors, "report_params": None}
         if self.report == "best_of_ea_gd_on_test":
             # !!! TEST-SET SELECTION, for matching the released numbers only (§0, §1.4 step 7) !!!
@@ -451,4 +457,4 @@ class FedLPAThenFedAvg(FedLPA):
             return {**new, "factor_sums": None, "factors": None}
         w = [m.num_samples if self.weighting == "num_samples" else 1.0 for m in messages]
         return {**state, "params": weighted_average([m.payload["params"] for m in messages], w),
-                "extra_eval": {}, "report_params": None}
+                "extra_eval": {}, "extra_metrics": {}, "report_params": None}
