@@ -341,3 +341,36 @@ def test_run_py_bad_config_one_line(tmp_path):
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and "select" in lines[0], p.stderr
     assert records(tmp_path) == []
+
+
+def test_extrapolate_cost_from_a_reduced_trace():
+    # synthesis 10 s per epoch; KD 0.01 s per pooled image, the pool growing by 100 images an epoch
+    trace = [{"epoch": e, "pool": 100 * e, "synthesis_s": 10.0, "kd_s": 0.01 * 100 * e} for e in (1, 2, 3)]
+    est = D.extrapolate_cost(trace, 200)
+    assert est["measured_s"] == pytest.approx(30 + 6)
+    assert est["synthesis_s"] == pytest.approx(2000) and est["kd_s_per_image"] == pytest.approx(0.01)
+    assert est["kd_s"] == pytest.approx(0.01 * 100 * 200 * 201 / 2)
+    assert est["total_s"] == pytest.approx(est["synthesis_s"] + est["kd_s"])
+    # the reduced run itself is reproduced exactly
+    assert D.extrapolate_cost(trace, 3)["total_s"] == pytest.approx(est["measured_s"])
+    with pytest.raises(ValueError):
+        D.extrapolate_cost([], 10)
+
+
+def test_dense_cost_script(tmp_path, capsys):
+    import csv
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from scripts.dense_cost import main
+    rows = [{"epoch": 1, "kd_loss": 0.1, "pool": 256, "synthesis_s": 50.0, "kd_s": 0.1},
+            {"epoch": 2, "kd_loss": 0.1, "pool": 512, "synthesis_s": 52.0, "kd_s": 0.2}]
+    with open(tmp_path / "trace.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert main([str(tmp_path), "--epochs", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "full:    20 epochs" in out and "reduced: 2 epochs" in out
+    assert main([str(tmp_path / "missing"), "--epochs", "20"]) == 2
+    assert main([str(tmp_path)]) == 2
+    assert "--epochs" in capsys.readouterr().err

@@ -39,6 +39,26 @@ SELECTS = ("last", "val_accuracy", "test_accuracy_as_released")
 AUGMENTS = ("none", "flip", "crop_flip", "auto")
 
 
+def extrapolate_cost(trace: Sequence[Dict[str, float]], epochs: int) -> Dict[str, float]:
+    """Seconds a DENSE run of ``epochs`` epochs would take, from a shorter run's per-epoch trace.
+
+    Synthesis costs the same every epoch (g_steps generator steps on one batch): its mean is used. The KD
+    pass runs over the whole pool, which grows by one synthesis batch per epoch, so KD seconds are fitted
+    as c · pool size (least squares through 0) and summed over the full run's pool sizes."""
+    rows = list(trace)
+    if not rows or epochs < 1:
+        raise ValueError("extrapolate_cost needs a non-empty trace and epochs >= 1")
+    synth = sum(float(r["synthesis_s"]) for r in rows) / len(rows)
+    pools = [float(r["pool"]) for r in rows]
+    growth = pools[0]                                  # images added per epoch (the first epoch's pool)
+    c = sum(float(r["kd_s"]) * p for r, p in zip(rows, pools)) / max(sum(p * p for p in pools), 1e-12)
+    kd = c * growth * epochs * (epochs + 1) / 2        # Σ_e c · growth · e
+    measured = sum(float(r["synthesis_s"]) + float(r["kd_s"]) for r in rows)
+    return {"epochs_measured": float(len(rows)), "measured_s": measured, "synthesis_s_per_epoch": synth,
+            "kd_s_per_image": c, "epochs": float(epochs), "synthesis_s": synth * epochs, "kd_s": kd,
+            "total_s": synth * epochs + kd}
+
+
 # ------------------------------------------------------------------------------------------------
 # loss terms (module level so tests can check them by hand)
 # ------------------------------------------------------------------------------------------------
