@@ -54,6 +54,30 @@ def test_collect_synthetic_records(tmp_path):
     assert "| fmnist | beta=0.05 | " in md and "50.50 ± 0.71 (n=2)" in md and "not run (0/2)" in md
 
 
+def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_path):
+    # FedLPA's CG and GD solvers on the same clients: two cells, never one averaged cell of both
+    out = tmp_path / "out"
+    preset = ["experiment=fedlpa/table6", "profile=paper", "dataset=fmnist", "partition.spec='beta=0.1'", "seed=0,1",
+              "aggregators=[fedavg,{name:fedlpa,solver:cg},fedlpa,{name:fedprox,mu:0.01}]"]
+    for ovs in expand_sweep(preset):
+        for sub in expand_aggregators(compose_run(ovs), CONF_DIR, allow_missing=True):
+            acc = {"fedavg": 30.0, "fedprox": 31.0}.get(sub.algorithm.name) or \
+                (50.0 if sub.algorithm.solver == "cg" else 40.0)
+            write_json_atomic(out / "runs" / compute_run_id(sub) / "metrics.json",
+                              {"run_id": compute_run_id(sub), "status": "ok", "metrics": {"accuracy": acc + sub.seed}})
+    s = summarise(table_runs(preset, out)).set_index("method")
+    assert set(s.index) == {"fedavg", "fedlpa(solver=cg)", "fedlpa(solver=gd)", "fedprox(mu=0.01)"}
+    assert s.loc["fedlpa(solver=cg)", "mean"] == pytest.approx(50.5) and s.loc["fedlpa(solver=gd)", "n"] == 2
+    assert s.loc["fedlpa(solver=gd)", "mean"] == pytest.approx(40.5)
+    # a setting that is a row key (FedBEns Fig. 4's T) separates rows already: labels stay plain
+    from fedbench.results.tables import split_conflated_methods
+    rows = [{"method": "fedbens", "T": t, "seed": 0, "_algo": {"name": "fedbens", "temperature": t}} for t in (0.1, 1)]
+    assert [r["method"] for r in split_conflated_methods(rows, ["T"])] == ["fedbens", "fedbens"]
+    rows = [{"method": "fedprox(mu=0.1)", "seed": 0, "_algo": {"name": "fedprox", "mu": 0.1, "x": {"y": v}}}
+            for v in (1, 2)]
+    assert [r["method"] for r in split_conflated_methods(rows, [])] == ["fedprox(mu=0.1,x.y=1)", "fedprox(mu=0.1,x.y=2)"]
+
+
 def test_row_variants_merge_into_one_column_only_when_they_never_share_a_row():
     import pandas as pd
     from fedbench.results.tables import merge_row_variants

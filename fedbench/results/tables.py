@@ -204,7 +204,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
             row = {k: row_value(c, k) for k in keys}
             row.update({"method": variant_label(method_label(c["algorithm"]), c["algorithm"], meta.get("label_keys")),
-                        "algorithm": c["algorithm"]["name"],
+                        "algorithm": c["algorithm"]["name"], "_algo": c["algorithm"],
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
                         "status": rec.get("status", "missing"),
                         "missing_method": bool(c["algorithm"].get("_missing"))})
@@ -233,9 +233,47 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                     if len(upto) and int(upto[-1]["round"]) == r else None
                 rows.append({**row, "rounds": r, "accuracy": val,
                              "status": row["status"] if val is not None else "missing"})
-    df = pd.DataFrame(rows)
+    row_keys = [k for k in ((meta or {}).get("rows") or ["dataset", "partition"]) if k != "rounds"]
+    df = pd.DataFrame(split_conflated_methods(rows, row_keys))
     df.attrs["table"] = meta or {}
     return df
+
+
+def split_conflated_methods(rows: List[Dict[str, Any]], keys: Sequence[str]) -> List[Dict[str, Any]]:
+    """Aggregator entries that share a label and a cell (row keys, seed) but not a configuration, such as
+    ``[{name: fedlpa, solver: cg}, fedlpa]``, must not be averaged into one cell: their labels get the keys
+    that tell them apart within a cell, ``fedlpa(solver=cg)`` and ``fedlpa(solver=gd)``. Settings that are row
+    keys (FedBEns Fig. 4's T) already separate cells and are left alone."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in (d or {}).items():
+            if str(k).startswith("_"):
+                continue
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+        return out
+
+    cell_keys = [k for k in (*keys, "column", "rounds", "seed") if any(k in r for r in rows)]
+    cells: Dict[tuple, Dict[str, Dict[str, str]]] = {}
+    for r in rows:
+        cell = (r["method"],) + tuple(json.dumps(r.get(k), default=str) for k in cell_keys)
+        cells.setdefault(cell, {})[json.dumps(r.get("_algo"), sort_keys=True, default=str)] = flat(r.get("_algo"))
+    differ: Dict[str, List[str]] = {}
+    for cell, configs in cells.items():
+        if len(configs) > 1:
+            flats = list(configs.values())
+            names = {k for f in flats for k in f}
+            found = differ.setdefault(cell[0], [])
+            found += [k for k in sorted(names) if len({f.get(k) for f in flats}) > 1 and k not in found]
+    for r in rows:
+        algo = flat(r.pop("_algo", None))
+        label = r["method"]
+        if label in differ:
+            tag = ",".join(f"{k}={norm_key(json.loads(algo[k])) if k in algo else 'none'}" for k in differ[label])
+            r["method"] = f"{label[:-1]},{tag})" if label.endswith(")") else f"{label}({tag})"
+    return rows
 
 
 def _history(path: Path) -> List[Dict[str, Any]]:
