@@ -85,7 +85,13 @@ def test_otfusion_recovers_permuted_copy(make):
     B = _params(model)
     A = _permute(B, layers, seed=5)
     assert not torch.equal(A[layers[0].weight], B[layers[0].weight])
-    out = O.align_to(A, B, layers, correction=True, past_correction=True)
+    stats = {}
+    out = O.align_to(A, B, layers, correction=True, past_correction=True, stats=stats)
+    # the plans moved exactly the units the permutation moved (same draws as _permute); classes stay in place
+    g = torch.Generator().manual_seed(5)
+    perms = [torch.randperm(L.out_units, generator=g) for L in layers[:-1]]
+    assert stats["units"] == sum(L.out_units for L in layers)
+    assert stats["moved"] == sum(int((q != torch.arange(len(q))).sum()) for q in perms) > 0
     # correction multiplies T by 1/(1/n + 1e-7): c_k = 1/(1 + n_k 1e-7) per transported layer
     c = [1.0 / (1.0 + L.out_units * 1e-7) for L in layers]
     for k, L in enumerate(layers):
@@ -120,6 +126,8 @@ def test_otfusion_identity_alignment_is_fedavg_and_identical_clients_return_the_
     state = algo.aggregate(msgs, {"params": B}, 1)
     assert state["otfusion_choice"] == {"correction": True, "past_correction": True}
     assert len(state["otfusion_trace"]) == 4
+    # identical clients: every plan is the identity, and the record says so
+    assert state["extra_metrics"] == {"correction": 1.0, "past_correction": 1.0, "units_moved_fraction": 0.0}
     for n in B:
         torch.testing.assert_close(state["params"][n], B[n], rtol=1e-5, atol=1e-9)
 

@@ -108,8 +108,11 @@ def pairwise_cost(X: Tensor, Y: Tensor, squared: bool) -> Tensor:
 
 
 def align_to(model: Params, pivot: Params, layers: Sequence[Layer], *, correction: bool, past_correction: bool,
-             squared: bool = True, align_last: bool = True, eps: float = 1e-7) -> Params:
-    """``model`` aligned to ``pivot`` (the code's get_wassersteinized_layers_modularized, eval_aligned)."""
+             squared: bool = True, align_last: bool = True, eps: float = 1e-7,
+             stats: Optional[Dict[str, int]] = None) -> Params:
+    """``model`` aligned to ``pivot`` (the code's get_wassersteinized_layers_modularized, eval_aligned).
+    ``stats``: adds ``units`` (units transported) and ``moved`` (units the plan sends to another index) —
+    clients trained from one shared initialisation often keep their units in place, and then OTFusion is FedAvg."""
     import ot
 
     out: Params = {}
@@ -131,6 +134,9 @@ def align_to(model: Params, pivot: Params, layers: Sequence[Layer], *, correctio
             mu = np.full(n_out, 1.0 / n_out)
             T = torch.from_numpy(np.asarray(ot.emd(mu, mu, M))).to(W.device)
             T_var = T * (1.0 / (1.0 / n_out + eps)) if correction else T
+            if stats is not None:
+                stats["units"] = stats.get("units", 0) + n_out
+                stats["moved"] = stats.get("moved", 0) + int((T.argmax(1).cpu() != torch.arange(n_out)).sum())
         src = aligned if past_correction else W
         new = T_var.t() @ src.reshape(n_out, -1)
         out[L.weight] = new.reshape(L.shape).to(model[L.weight].dtype)
@@ -140,13 +146,13 @@ def align_to(model: Params, pivot: Params, layers: Sequence[Layer], *, correctio
 
 
 def otfusion(clients: Sequence[Params], p: Sequence[float], layers: Sequence[Layer], *, pivot: int = 0,
-             **kw) -> Params:
+             stats: Optional[Dict[str, int]] = None, **kw) -> Params:
     """Σ_i p_i · (client i aligned to the pivot); the pivot itself enters unaligned (one_shot_otfusion)."""
     out = {n: float(p[pivot]) * t.double() for n, t in clients[pivot].items()}
     for i, c in enumerate(clients):
         if i == pivot:
             continue
-        a = align_to(c, clients[pivot], layers, **kw)
+        a = align_to(c, clients[pivot], layers, stats=stats, **kw)
         for n in out:
             out[n] += float(p[i]) * a[n].double()
     return {n: t.to(clients[pivot][n].dtype) for n, t in out.items()}
@@ -197,11 +203,13 @@ class OTFusion(Algorithm):
         clients = [m.payload["params"] for m in messages]
         best, best_acc, trace = None, 0.0, []
         best_flags = self.grid[-1]   # the code's fallback (F, F) when no setting beats 0 % accuracy
-        cands = {}
+        cands, moved = {}, {}
         for corr, past in self.grid:
+            stats: Dict[str, int] = {}
             cand = otfusion(clients, p, self.layers, pivot=self.pivot, correction=corr, past_correction=past,
-                            squared=self.squared, align_last=self.align_last)
+                            squared=self.squared, align_last=self.align_last, stats=stats)
             cands[(corr, past)] = cand
+            moved[(corr, past)] = stats.get("moved", 0) / max(stats.get("units", 0), 1)
             if len(self.grid) == 1:
                 best, best_flags = cand, (corr, past)
                 break
@@ -211,5 +219,9 @@ class OTFusion(Algorithm):
                 best, best_acc, best_flags = cand, acc, (corr, past)
         if best is None:
             best = cands[best_flags]
+        # recorded: the chosen flags and the share of transported units the plans moved (0 = every plan is the
+        # identity, so with correction the result is FedAvg up to the 1e-7 marginal guard)
         return {**state, "params": best, "otfusion_trace": trace,
-                "otfusion_choice": {"correction": best_flags[0], "past_correction": best_flags[1]}}
+                "otfusion_choice": {"correction": best_flags[0], "past_correction": best_flags[1]},
+                "extra_metrics": {"correction": float(best_flags[0]), "past_correction": float(best_flags[1]),
+                                  "units_moved_fraction": moved[best_flags]}}
