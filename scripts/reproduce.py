@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     ap.add_argument("--collect-only", action="store_true")
     ap.add_argument("--metric", default=None,
                     help="the table's metric (default: the preset's table.metric, else accuracy; table.columns override it)")
+    ap.add_argument("--name", default=None,
+                    help="suffix of the table's file name (results/tables/<paper>_<table>[_<profile>]_<name>.md), so "
+                         "a collection with other methods or settings does not overwrite the preset's own table")
     args = ap.parse_args(argv)
     from fedbench.launch.sweep import missing_methods, plan, run_job
     from fedbench.results.tables import collect, preset_meta
@@ -56,7 +59,7 @@ def main(argv=None) -> int:
                 run_job(ovs, os.getcwd())
             print(f"runs finished in {time.time() - t0:.0f} s")
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
-        path = collect(args.overrides, out_root, Path("results") / "tables", args.metric)
+        path = collect(args.overrides, out_root, Path("results") / "tables", args.metric, suffix=args.name)
         print(f"table written: {path}")
         from fedbench.results.figures import plot_table
         try:

@@ -69,6 +69,14 @@ def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_
     assert set(s.index) == {"fedavg", "fedlpa(solver=cg)", "fedlpa(solver=gd)", "fedprox(mu=0.01)"}
     assert s.loc["fedlpa(solver=cg)", "mean"] == pytest.approx(50.5) and s.loc["fedlpa(solver=gd)", "n"] == 2
     assert s.loc["fedlpa(solver=gd)", "mean"] == pytest.approx(40.5)
+    # such a collection can be written beside the preset's own table instead of over it
+    from fedbench.errors import FedbenchError
+    from fedbench.results.tables import collect
+    path = collect(preset, out, tmp_path / "tables", suffix="solvers")
+    assert path.name == "fedlpa_table6_solvers.md" and (tmp_path / "tables" / "fedlpa_table6_solvers_runs.csv").is_file()
+    assert "fedlpa(solver=cg)" in path.read_text()
+    with pytest.raises(FedbenchError, match="--name"):
+        collect(preset, out, tmp_path / "tables", suffix="../x")
     # a setting that is a row key (FedBEns Fig. 4's T) separates rows already: labels stay plain
     from fedbench.results.tables import split_conflated_methods
     rows = [{"method": "fedbens", "T": t, "seed": 0, "_algo": {"name": "fedbens", "temperature": t}} for t in (0.1, 1)]

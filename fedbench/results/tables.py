@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -448,7 +449,10 @@ _EMPTY = ("no run matches these overrides: a fixed value outside a preset axis r
           "(e.g. local.epochs=1 where the profile sweeps [2]); sweep it instead (local.epochs=1,2) or pick one of its values")
 
 
-def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None) -> Path:
+def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None,
+            suffix: Optional[str] = None) -> Path:
+    if suffix is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", suffix):
+        raise FedbenchError(f"--name must be letters, digits, '.', '_' or '-', got {suffix!r}")
     df = table_runs(overrides, output_root)
     if df.empty and any(o.startswith("experiment=") for o in overrides):
         raise FedbenchError(_EMPTY)
@@ -457,7 +461,8 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
         raise FedbenchError("collect needs an experiment preset (experiment=<paper>/<table>)")
     metric = metric or meta.get("metric") or "accuracy"
     profile = str(df["profile"].iloc[0]) if len(df) else "paper"
-    name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}")
+    name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}") + \
+        (f"_{suffix}" if suffix else "")
     tables_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(tables_dir / f"{name}_runs.csv", index=False)
     summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
