@@ -35,6 +35,11 @@ def main(argv=None) -> int:
         return 2
     with open(trace_path, newline="") as f:
         rows = list(csv.DictReader(f))
+    need = {"pool", "synthesis_s", "kd_s"}
+    if not rows or not need <= set(rows[0]):
+        print(f"fedbench: error: {trace_path} is not a DENSE trace (needs rows with {', '.join(sorted(need))})",
+              file=sys.stderr)
+        return 2
     rec_path = a.run_dir / "metrics.json"
     server_s = json.loads(rec_path.read_text())["timing"]["server_s"] if rec_path.is_file() else float("nan")
     est = extrapolate_cost(rows, a.epochs)

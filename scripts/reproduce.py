@@ -33,10 +33,11 @@ def main(argv=None) -> int:
                          "a collection with other methods or settings does not overwrite the preset's own table")
     args = ap.parse_args(argv)
     from fedbench.launch.sweep import missing_methods, plan, run_job
-    from fedbench.results.tables import collect, preset_meta
+    from fedbench.results.tables import check_table_suffix, collect, preset_meta
     from pathlib import Path
 
     try:
+        check_table_suffix(args.name)   # a bad --name fails before any training
         from fedbench.studies.presets import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
             for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only):

@@ -374,3 +374,7 @@ def test_dense_cost_script(tmp_path, capsys):
     assert main([str(tmp_path / "missing"), "--epochs", "20"]) == 2
     assert main([str(tmp_path)]) == 2
     assert "--epochs" in capsys.readouterr().err
+    (tmp_path / "trace.csv").write_text("epoch,kd_loss\n1,0.5\n")   # another method's trace
+    assert main([str(tmp_path), "--epochs", "20"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a DENSE trace" in err[0]

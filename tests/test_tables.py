@@ -77,6 +77,19 @@ def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_
     assert "fedlpa(solver=cg)" in path.read_text()
     with pytest.raises(FedbenchError, match="--name"):
         collect(preset, out, tmp_path / "tables", suffix="../x")
+
+
+def test_reproduce_rejects_a_bad_table_name_before_training(tmp_path, monkeypatch, capsys):
+    import sys
+    from tests.test_run import ROOT
+    sys.path.insert(0, str(ROOT))
+    import fedbench.launch.sweep as sweep
+    from scripts.reproduce import main
+    monkeypatch.setattr(sweep, "run_job", lambda *a, **k: pytest.fail("trained despite a bad --name"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--name", "a/b", "experiment=fedlpa/table6", "profile=quick", "dataset=fmnist"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedbench: error: --name")
     # a setting that is a row key (FedBEns Fig. 4's T) separates rows already: labels stay plain
     from fedbench.results.tables import split_conflated_methods
     rows = [{"method": "fedbens", "T": t, "seed": 0, "_algo": {"name": "fedbens", "temperature": t}} for t in (0.1, 1)]

@@ -449,10 +449,15 @@ _EMPTY = ("no run matches these overrides: a fixed value outside a preset axis r
           "(e.g. local.epochs=1 where the profile sweeps [2]); sweep it instead (local.epochs=1,2) or pick one of its values")
 
 
-def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None,
-            suffix: Optional[str] = None) -> Path:
+def check_table_suffix(suffix: Optional[str]) -> None:
+    """``collect --name``: one file-name part, checked before any training (scripts/reproduce.py)."""
     if suffix is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", suffix):
         raise FedbenchError(f"--name must be letters, digits, '.', '_' or '-', got {suffix!r}")
+
+
+def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None,
+            suffix: Optional[str] = None) -> Path:
+    check_table_suffix(suffix)
     df = table_runs(overrides, output_root)
     if df.empty and any(o.startswith("experiment=") for o in overrides):
         raise FedbenchError(_EMPTY)
