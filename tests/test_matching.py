@@ -132,6 +132,28 @@ def test_otfusion_identity_alignment_is_fedavg_and_identical_clients_return_the_
         torch.testing.assert_close(state["params"][n], B[n], rtol=1e-5, atol=1e-9)
 
 
+def test_otfusion_keeps_class_rows_by_default_and_the_released_switch_transports_them():
+    # client 1 = the pivot with the output rows of classes 0 and 1 swapped (as under label skew, where a client's
+    # rows of unseen classes are interchangeable): the released plan swaps them back, the default leaves classes be
+    model = _mlp(scale=3.0)
+    B = {n: t.float() for n, t in _params(model).items()}
+    last = O.layer_chain(model, "otfusion")[-1]
+    swap = torch.tensor([1, 0, 2])
+    S = {**B, last.weight: B[last.weight][swap], last.bias: B[last.bias][swap]}
+    setup = _setup(model.float())
+    msgs = [Message(0, 20, {"params": B}), Message(1, 20, {"params": S})]
+    default = ALGORITHMS.get("otfusion")({"correction": True, "past_correction": True}, setup).aggregate(msgs, {}, 1)
+    avg = weighted_average([B, S], [0.5, 0.5])
+    for n in B:
+        torch.testing.assert_close(default["params"][n], avg[n], rtol=1e-5, atol=1e-7)
+    assert default["extra_metrics"]["units_moved_fraction"] == 0.0
+    released = ALGORITHMS.get("otfusion")({"correction": True, "past_correction": True, "align_last_layer": True},
+                                         setup).aggregate(msgs, {}, 1)
+    torch.testing.assert_close(released["params"][last.weight], B[last.weight], rtol=1e-5, atol=1e-6)
+    units = sum(L.out_units for L in O.layer_chain(model, "otfusion"))
+    assert released["extra_metrics"]["units_moved_fraction"] == pytest.approx(2 / units)
+
+
 def test_otfusion_ground_metric_changes_the_plan():
     # 1-d neurons: x = (0, 3), y = (1, 2): the plans (0->1, 3->2) cost 2 (sq) / 2 (abs); (0->2, 3->1): 8 / 4.
     # squared picks the identity uniquely; with |.| both cost 2 vs 4 -> identity too; use y = (2.9, 0.1+...)

@@ -19,6 +19,9 @@ accuracy everywhere the code's (F, F) is returned). Every other setting is the c
 Ground metric: the FedBEns note reads the released dict ('not_squared': True) as "not squared", but
 the released GroundMetric overrides it (``self.squared = True``) and FedFisher's note says squared;
 ``sq_euclidean`` is what ran, ``euclidean`` is the dict's stated intent.
+Output layer: the released code transports it too (``align_last_layer: true``, what the FedFisher/FedBEns presets
+run); the default keeps the class rows in place, since a plan that swaps two classes' rows (it does under label
+skew, for classes a client never saw) makes the fused model predict permuted labels.
 Biases (absent in the papers' models) are one more coordinate of a neuron in M and are moved by T [I].
 ResNet skip handling (``handle_skips``) is not implemented: only chains of Linear / Conv2d with
 element-wise or per-channel modules in between (the MLPs, LeNet, the FedMA CNN, SimpleCNN).
@@ -180,7 +183,7 @@ class OTFusion(Algorithm):
         self.pivot = cfg_int(c, "pivot", 0, minimum=0)
         if self.pivot >= setup.num_clients:
             raise FedbenchError(f"algorithm.pivot must be < num_clients ({setup.num_clients}), got {self.pivot}")
-        self.align_last = cfg_bool(c, "align_last_layer", True)
+        self.align_last = cfg_bool(c, "align_last_layer", False)
         self.weighting = cfg_choice(c, "weighting", "num_samples", ("num_samples", "uniform"))
         self.layers = layer_chain(setup.model, self.name)
         try:    # imported here (it takes seconds) so that it is not counted as server time
