@@ -27,7 +27,8 @@ def main(argv=None) -> int:
                     help="run the table without methods that are not implemented yet (they are listed)")
     ap.add_argument("--collect-only", action="store_true")
     ap.add_argument("--metric", default=None,
-                    help="the table's metric (default: the preset's table.metric, else accuracy; table.columns override it)")
+                    help="the table's metric (default: the preset's table.metric, else accuracy; table.columns override it); "
+                         "also timing.<key> or communication.<key> of the records, e.g. timing.server_s")
     ap.add_argument("--name", default=None,
                     help="suffix of the table's file name (results/tables/<paper>_<table>[_<profile>]_<name>.md), so "
                          "a collection with other methods or settings does not overwrite the preset's own table")

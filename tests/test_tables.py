@@ -64,8 +64,12 @@ def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_
             acc = {"fedavg": 30.0, "fedprox": 31.0}.get(sub.algorithm.name) or \
                 (50.0 if sub.algorithm.solver == "cg" else 40.0)
             write_json_atomic(out / "runs" / compute_run_id(sub) / "metrics.json",
-                              {"run_id": compute_run_id(sub), "status": "ok", "metrics": {"accuracy": acc + sub.seed}})
+                              {"run_id": compute_run_id(sub), "status": "ok", "metrics": {"accuracy": acc + sub.seed},
+                               "timing": {"server_s": 2.0 * sub.seed}, "communication": {"uplink_bytes": 100}})
     s = summarise(table_runs(preset, out)).set_index("method")
+    # the records' costs can be the table's metric
+    cost = summarise(table_runs(preset, out), "timing.server_s").set_index("method")
+    assert cost.loc["fedlpa(solver=gd)", "mean"] == pytest.approx(1.0) and cost.loc["fedavg", "n"] == 2
     assert set(s.index) == {"fedavg", "fedlpa(solver=cg)", "fedlpa(solver=gd)", "fedprox(mu=0.01)"}
     assert s.loc["fedlpa(solver=cg)", "mean"] == pytest.approx(50.5) and s.loc["fedlpa(solver=gd)", "n"] == 2
     assert s.loc["fedlpa(solver=gd)", "mean"] == pytest.approx(40.5)
