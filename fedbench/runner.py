@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 import fedbench
 from fedbench.errors import FedbenchError
 from fedbench.results.summaries import summarize
-from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record,
+from fedbench import numerics
+from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record, records_dir,
                                       write_csv_atomic, write_json_atomic, write_torch_atomic)
 
 HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "local_accuracy", "train_loss", "cached_clients",
@@ -124,13 +125,32 @@ def normalization(value, default_stats):
                         f"per channel, got {value!r}")
 
 
-def _git_sha() -> Optional[str]:
+def _finished_record(rec_path: Path, run_id: str, save_model: bool, launch_dir: Optional[str]) -> Optional[Path]:
+    """The complete, current record of ``run_id``: this run's own folder, else the committed store
+    (results/records; a ``save_model`` run needs its weights, which only its own folder has)."""
+    if is_complete(rec_path, run_id, need_model=save_model):
+        return rec_path
+    stored = Path(_abs(str(records_dir()), launch_dir)) / run_id / "metrics.json"
+    return stored if not save_model and is_complete(stored, run_id) else None
+
+
+def _git(*args: str) -> Optional[str]:
     try:
         root = Path(fedbench.__file__).resolve().parents[1]
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, timeout=5).stdout.strip() or None
+        res = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
+        return res.stdout.strip() if res.returncode == 0 else None
     except Exception:
         return None
+
+
+def _git_sha() -> Optional[str]:
+    return _git("rev-parse", "--short", "HEAD") or None
+
+
+def _git_dirty() -> Optional[bool]:
+    """Whether the code that ran differed from its commit (tracked files under fedbench/, conf/, run.py)."""
+    out = _git("status", "--porcelain", "--untracked-files=no", "--", "fedbench", "conf", "run.py")
+    return None if out is None else bool(out)
 
 
 def _abs(path: str, base: Optional[str]) -> str:
@@ -158,9 +178,10 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     rec_path = out / "metrics.json"
     run_id = compute_run_id(cfg)
     save_model = bool(cfg.get("save_model", False))
-    if not cfg.get("force", False) and is_complete(rec_path, run_id, need_model=save_model):
-        print(f"fedbench: run {run_id} already has an ok record at {rec_path}; skipped (force=true reruns it)")
-        rec = read_record(rec_path)
+    done = _finished_record(rec_path, run_id, save_model, launch_dir) if not cfg.get("force", False) else None
+    if done is not None:
+        print(f"fedbench: run {run_id} already has an ok record at {done}; skipped (force=true reruns it)")
+        rec = read_record(done)
         rec["skipped"] = True
         return rec
 
@@ -223,6 +244,8 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
     stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
                    "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
+    if numerics.CORE != 1:   # cached clients of older core numerics are retrained (1: the keys of existing entries)
+        stage_parts["numerics_core"] = numerics.CORE
     if pretrained is not None:   # the checkpoint's content, not just its path, determines the clients
         stage_parts["pretrained_sha256"] = pretrained["sha256"]
     if sval.mode == "holdout" and sval.size > 0:   # a hold-out changes the clients' data
@@ -314,14 +337,15 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
                        "eval_s": sum(h["eval_s"] for h in history)},
             "rounds_completed": len(history),
             "saved": saved,   # save_model=true: file names (beside this record) of the final / client weights
+            "numerics": numerics.current(acfg["name"]),   # stale when the arithmetic changes (fedbench/numerics.py)
             "environment": {"device": str(device), "backend": backend, "torch": torch.__version__,
                             "python": platform.python_version(), "fedbench": fedbench.__version__,
-                            "git": _git_sha(), "host": platform.node()},
+                            "git": _git_sha(), "git_dirty": _git_dirty(), "host": platform.node()},
             "started": started,
             "finished": _dt.datetime.now().isoformat(timespec="seconds"),
         }
         # a failed rerun never overwrites a completed record
-        if status == "ok" or not is_complete(rec_path):
+        if status == "ok" or not is_complete(rec_path, current=False):
             extra = [k for h in history for k in h if k not in HISTORY_COLUMNS]
             write_csv_atomic(out / "history.csv", history, list(HISTORY_COLUMNS) + list(dict.fromkeys(extra)))
             trace = (final_state or {}).get("trace")
@@ -395,14 +419,47 @@ def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = Fa
 
 
 def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, launch_dir: Optional[str] = None):
-    """Run ``cfg``, or, when ``aggregators`` is a list, every aggregator on the same (cached) clients."""
+    """Run ``cfg``, or, when ``aggregators`` is a list, every aggregator on the same (cached) clients.
+
+    Each aggregator succeeds or fails on its own: a failure is written as that aggregator's failed record
+    (with its one-line reason), the others still run, and the job then raises one FedbenchError naming the failures.
+    """
     if not cfg.get("aggregators"):
         return [execute(cfg, output_dir, launch_dir=launch_dir)]
     subs = expand_aggregators(cfg, conf_dir)
     for sub in subs:   # reject every bad entry before training any of them
         validate(sub)
     root = Path(_abs(cfg.paths.output_root, launch_dir)) / "runs"
-    records = [execute(sub, root / compute_run_id(sub), launch_dir=launch_dir) for sub in subs]
+    records, failed = [], []
+    for sub in subs:
+        run_dir = root / compute_run_id(sub)
+        try:
+            records.append(execute(sub, run_dir, launch_dir=launch_dir))
+        except Exception as e:   # KeyboardInterrupt still ends the job
+            reason = str(e) if isinstance(e, FedbenchError) else f"{type(e).__name__}: {e}"
+            print(f"fedbench: error: {sub.algorithm.name}: {reason}", file=sys.stderr)
+            records.append(_failure_record(sub, run_dir, reason))
+            failed.append(sub.algorithm.name)
     write_json_atomic(Path(output_dir) / "aggregators.json",
                       {"records": [str(root / r["run_id"] / "metrics.json") for r in records]})
+    ok = sum(r.get("status") == "ok" for r in records)
+    print(f"fedbench: aggregators: {ok} ok, {len(failed)} failed ({', '.join(failed) or 'none'})")
+    if failed:
+        raise FedbenchError(f"{len(failed)} of {len(subs)} aggregators failed: {', '.join(failed)} "
+                            f"(their failed records say why; the other {ok} finished)")
     return records
+
+
+def _failure_record(cfg: DictConfig, run_dir: Path, reason: str) -> Dict[str, Any]:
+    """The failed record of a run that stopped with ``reason``: the one ``execute`` wrote when training raised,
+    else a minimal one (a failure before training); an ok record already there is never overwritten."""
+    path = run_dir / "metrics.json"
+    rec = read_record(path)
+    if rec and rec.get("run_id") == compute_run_id(cfg) and (rec.get("status") == "failed" or is_complete(path, current=False)):
+        return rec
+    rec = {"run_id": compute_run_id(cfg), "status": "failed", "error": reason,
+           "algorithm": cfg.algorithm.name, "config": OmegaConf.to_container(cfg, resolve=True),
+           "identity": identity_config(cfg), "numerics": numerics.current(cfg.algorithm.name),
+           "finished": _dt.datetime.now().isoformat(timespec="seconds")}
+    write_json_atomic(path, rec)
+    return rec

@@ -10,3 +10,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def ok_record(run_id: str, algorithm: str, **fields):
+    """A finished record as the runner writes it (status ok, current numerics) for table/figure tests."""
+    from fedbench.numerics import current
+    return {"run_id": run_id, "status": "ok", "algorithm": algorithm, "numerics": current(algorithm), **fields}
+
+
+@pytest.fixture(autouse=True)
+def _no_committed_records(tmp_path_factory, monkeypatch):
+    """Tests never see (or skip a run because of) the repository's committed records (results/records)."""
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path_factory.mktemp("committed_records")))

@@ -1,4 +1,5 @@
 """Accuracy-over-rounds figures from synthetic run records (the same run selection as the tables)."""
+from tests.conftest import ok_record
 import pytest
 
 from fedbench.errors import FedbenchError
@@ -20,7 +21,7 @@ def _fake(out, seeds=(0, 1)):
             bump = 5.0 if sub.algorithm.name == "fedlap" else 0.0
             hist = [{"round": r, "accuracy": 50.0 + r * 0.5 + bump + sub.seed} for r in range(1, 51)]
             write_csv_atomic(out / "runs" / rid / "history.csv", hist, ["round", "accuracy"])
-            write_json_atomic(out / "runs" / rid / "metrics.json", {"run_id": rid, "status": "ok", "metrics": {}})
+            write_json_atomic(out / "runs" / rid / "metrics.json", ok_record(rid, sub.algorithm.name, metrics={}))
 
 
 def test_round_curves_read_histories_of_the_sweep_only(tmp_path):
@@ -56,7 +57,7 @@ def _fake_final(out, preset, acc_for):
             if acc is not None:
                 rid = compute_run_id(sub)
                 write_json_atomic(out / "runs" / rid / "metrics.json",
-                                  {"run_id": rid, "status": "ok", "metrics": {"accuracy": acc}})
+                                  ok_record(rid, sub.algorithm.name, metrics={"accuracy": acc}))
 
 
 def test_sweep_figure_draws_mean_and_std_per_x_with_paper_points(tmp_path):
@@ -111,7 +112,7 @@ def test_rounds_figure_tells_variants_apart_by_label_keys(tmp_path):
             wd = sub.algorithm.get("weight_decay", 0.0) or 0.0
             write_csv_atomic(out / "runs" / rid / "history.csv",
                              [{"round": r, "accuracy": 90.0 + r - 1e4 * wd} for r in range(1, 6)], ["round", "accuracy"])
-            write_json_atomic(out / "runs" / rid / "metrics.json", {"run_id": rid, "status": "ok", "metrics": {}})
+            write_json_atomic(out / "runs" / rid / "metrics.json", ok_record(rid, sub.algorithm.name, metrics={}))
     df = round_curves(preset, out)
     assert set(df.method) == {"fedlap(delta=0.1)", "fedlap(delta=1)", "fedlap(delta=0.01)", "feddyn(weight_decay=1e-05)",
                               "feddyn(weight_decay=0.0001)", "feddyn(weight_decay=1e-06)", "feddyn(weight_decay=0)"}

@@ -1,5 +1,6 @@
 """FOLA's figure presets (Figs. 3-12): shared runs, the plots on synthetic run records (values checked against
 hand computations from the same records), and the §IV-E study driven by a preset (Fig. 12's AE / LF)."""
+from tests.conftest import ok_record
 import math
 
 import pandas as pd
@@ -88,7 +89,7 @@ def _fake(ovs_preset, out):
                     for r in range(1, int(sub.rounds) + 1)]
             write_csv_atomic(out / "runs" / rid / "history.csv", hist, ["round", "accuracy", "local_accuracy"])
             write_json_atomic(out / "runs" / rid / "metrics.json", {
-                "run_id": rid, "status": "ok",
+                **ok_record(rid, sub.algorithm.name),
                 "metrics": {"accuracy": hist[-1]["accuracy"], "local_accuracy": hist[-1]["local_accuracy"]}})
             n += 1
     return n

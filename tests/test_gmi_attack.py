@@ -155,7 +155,9 @@ def test_table_joins_each_column_to_its_paper_row(tmp_path):
     from fedbench.studies.presets import collect_study_table, study_runs
 
     (run,) = study_runs(QUICK, tmp_path)
-    rec = {"run_id": run["run_id"], "status": "ok", "metrics": {
+    from fedbench.studies.presets import study_name
+    from tests.conftest import ok_record
+    rec = {**ok_record(run["run_id"], f"study:{study_name(QUICK)}"), "metrics": {
         "attack_accuracy_local_model_client1": 70.0, "attack_accuracy_aggregate": 10.0,
         "attack_accuracy_aggregate_plus_client1_kfac": 20.0}}
     assert run["run_id"] == compute_run_id(run["config"])

@@ -1,3 +1,4 @@
+from tests.conftest import ok_record
 import json
 
 from omegaconf import OmegaConf
@@ -28,7 +29,7 @@ def test_run_id_resolves_interpolations():
 
 def test_atomic_writes_and_corrupt_records(tmp_path):
     p = tmp_path / "r" / "metrics.json"
-    write_json_atomic(p, {"run_id": "x", "status": "ok"})
+    write_json_atomic(p, ok_record("x", "fedavg"))
     assert is_complete(p, "x") and not is_complete(p, "y")
     assert [f.name for f in p.parent.iterdir()] == ["metrics.json"]  # no temp files left
     p.write_text('{"run_id": "x", "stat')  # torn file

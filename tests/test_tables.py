@@ -1,4 +1,5 @@
 """Collection of run records into a paper table, on synthetic records."""
+from tests.conftest import ok_record
 import json
 import math
 
@@ -42,7 +43,7 @@ def test_collect_synthetic_records(tmp_path):
                 continue
             acc = 50.0 + sub.seed + (10 if sub.partition.spec == "#C=2" else 0)
             write_json_atomic(out / "runs" / compute_run_id(sub) / "metrics.json",
-                              {"run_id": compute_run_id(sub), "status": "ok", "metrics": {"accuracy": acc}})
+                              ok_record(compute_run_id(sub), sub.algorithm.name, metrics={"accuracy": acc}))
     df = table_runs(["experiment=fedlpa/table6", "profile=paper", "dataset=fmnist", "seed=0,1"], out)
     s = summarise(df)
     row = s[(s.partition == "beta=0.05") & (s.method == "fedavg")].iloc[0]
@@ -64,7 +65,7 @@ def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_
             acc = {"fedavg": 30.0, "fedprox": 31.0}.get(sub.algorithm.name) or \
                 (50.0 if sub.algorithm.solver == "cg" else 40.0)
             write_json_atomic(out / "runs" / compute_run_id(sub) / "metrics.json",
-                              {"run_id": compute_run_id(sub), "status": "ok", "metrics": {"accuracy": acc + sub.seed},
+                              {**ok_record(compute_run_id(sub), sub.algorithm.name), "metrics": {"accuracy": acc + sub.seed},
                                "timing": {"server_s": 2.0 * sub.seed}, "communication": {"uplink_bytes": 100}})
     s = summarise(table_runs(preset, out)).set_index("method")
     # the records' costs can be the table's metric
@@ -132,7 +133,7 @@ def _fake_records(out, preset, record_for):
             rec = record_for(sub)
             if rec is not None:
                 rid = compute_run_id(sub)
-                write_json_atomic(out / "runs" / rid / "metrics.json", {"run_id": rid, "status": "ok", **rec})
+                write_json_atomic(out / "runs" / rid / "metrics.json", {**ok_record(rid, sub.algorithm.name), **rec})
 
 
 def _cell(s, **keys):

@@ -1,5 +1,6 @@
 """save_model (final / client weights beside the record, not part of the run id) and FedLPA's t-SNE figures
 (Figs. 1, 4, 5) drawn from them on tiny synthetic runs."""
+from tests.conftest import ok_record
 import json
 import shutil
 
@@ -75,9 +76,9 @@ def test_a_predictor_without_weights_counts_as_saved(tmp_path):
     # FedOV without distillation predicts with its vote: nothing to save, and the run must not be redone for it
     from fedbench.results.records import write_json_atomic
     path = tmp_path / "metrics.json"
-    write_json_atomic(path, {"run_id": "abc", "status": "ok", "saved": {"model": None}})
+    write_json_atomic(path, {**ok_record("abc", "fedavg"), "saved": {"model": None}})
     assert is_complete(path, "abc", need_model=True)
-    write_json_atomic(path, {"run_id": "abc", "status": "ok", "saved": {"model": "model.pt"}})
+    write_json_atomic(path, {**ok_record("abc", "fedavg"), "saved": {"model": "model.pt"}})
     assert not is_complete(path, "abc", need_model=True)   # the file is named but missing
 
 
@@ -138,7 +139,7 @@ def test_preset_draws_both_plots_and_asks_for_saved_weights(tmp_path):
     for rid, algo in zip(df["run_id"], ["fedlpa", "fedavg", "fednova", "scaffold", "fedprox"]):
         (tmp_path / "runs" / rid).mkdir(parents=True)
         (tmp_path / "runs" / rid / "metrics.json").write_text(json.dumps(
-            {"run_id": rid, "status": "ok", "config": {"algorithm": {"name": algo}}, "metrics": {}}))
+            {**ok_record(rid, algo), "config": {"algorithm": {"name": algo}}, "metrics": {}}))
     with pytest.raises(FedbenchError, match="rerun the preset with save_model=true"):
         ff.plot_preset_figures(ovs, tmp_path, tmp_path / "figures")
     shutil.rmtree(tmp_path / "runs")

@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
-from fedbench.results.records import compute_run_id, is_complete
+from fedbench.results.records import compute_run_id, find_record_dir
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -142,6 +142,12 @@ def run_dir(cfg: DictConfig, launch_dir: str) -> Path:
     return root / "runs" / compute_run_id(cfg)
 
 
+def _finished(cfg: DictConfig, launch_dir: str) -> bool:
+    """A complete, current record exists locally or in the committed store (results/records)."""
+    return find_record_dir(run_dir(cfg, launch_dir).parents[1], compute_run_id(cfg),
+                           need_model=bool(cfg.get("save_model"))) is not None
+
+
 def run_job(overrides: List[str], launch_dir: str) -> Dict:
     """What one array task executes (also importable for local debugging)."""
     from fedbench.runner import execute_all
@@ -168,11 +174,9 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
                 ovs = ovs + [f"aggregators={_present_aggregators(cfg)}"]
                 cfg = compose_run(ovs)
             subs = expand_aggregators(cfg, CONF_DIR)
-            finished = all(is_complete(run_dir(s, launch_dir) / "metrics.json", compute_run_id(s),
-                                       need_model=bool(s.get("save_model"))) for s in subs)
+            finished = all(_finished(s, launch_dir) for s in subs)
         else:
-            finished = is_complete(run_dir(cfg, launch_dir) / "metrics.json", compute_run_id(cfg),
-                                   need_model=bool(cfg.get("save_model")))
+            finished = _finished(cfg, launch_dir)
         (done if finished and not force else todo).append(ovs)
     return todo, done
 

@@ -83,7 +83,9 @@ def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "acc
     for _, r in base.iterrows():
         if r.get("missing_method"):
             continue
-        for h in _history(output_root / "runs" / r["run_id"] / "history.csv"):
+        if r.get("status") != "ok":
+            continue
+        for h in _history(Path(r["record_dir"]) / "history.csv"):
             v = h.get(metric)
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 continue

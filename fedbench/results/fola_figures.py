@@ -91,7 +91,8 @@ def preset_records(overrides: Sequence[str], output_root: Path) -> pd.DataFrame:
     """One row per (run, aggregator) of the preset's sweep: the settings the FOLA figures use, the method label,
     the record's final metrics, run id and status; ``attrs['table']`` is the preset's table block."""
     from fedbench.launch.sweep import CONF_DIR
-    from fedbench.results.records import compute_run_id, read_record
+    from fedbench.numerics import is_current
+    from fedbench.results.records import compute_run_id, load_record
     from fedbench.runner import expand_aggregators
 
     rows, meta = [], None
@@ -102,10 +103,11 @@ def preset_records(overrides: Sequence[str], output_root: Path) -> pd.DataFrame:
         for sub in subs:
             a = OmegaConf.to_container(sub.algorithm, resolve=True)
             rid = compute_run_id(sub)
-            rec = read_record(Path(output_root) / "runs" / rid / "metrics.json") or {}
-            ok = rec.get("status") == "ok" and rec.get("run_id") == rid
+            rec = load_record(Path(output_root), rid)
+            ok = rec.get("status") == "ok" and rec.get("run_id") == rid and is_current(rec)
             m = (rec.get("metrics") or {}) if ok else {}
-            rows.append({"run_id": rid, "status": "ok" if ok else "missing", "method": method_label(a),
+            rows.append({"run_id": rid, "status": "ok" if ok else "missing", "record_dir": rec.get("_dir"),
+                         "method": method_label(a),
                          "algorithm": a.get("name"), "lambda": a.get("lambda_prior"),
                          "alpha": sub.partition.get("alpha"), "num_clients": int(sub.num_clients),
                          "epochs": int(sub.local.epochs), "lr": float(sub.local.lr),
@@ -129,7 +131,7 @@ def _histories(df: pd.DataFrame, output_root: Path) -> pd.DataFrame:
     out = []
     for _, r in df.iterrows():
         try:
-            h = pd.read_csv(Path(output_root) / "runs" / r["run_id"] / "history.csv")
+            h = pd.read_csv(Path(r["record_dir"] or Path(output_root) / "runs" / r["run_id"]) / "history.csv")
         except (OSError, ValueError):
             continue
         for col in ("accuracy", "local_accuracy"):

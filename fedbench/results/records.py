@@ -112,12 +112,74 @@ def read_record(path: Path) -> Optional[Dict[str, Any]]:
         return None
 
 
-def is_complete(path: Path, run_id: Optional[str] = None, need_model: bool = False) -> bool:
-    """An ok record of ``run_id``; with ``need_model`` (a ``save_model=true`` run) also its saved weights
+def is_complete(path: Path, run_id: Optional[str] = None, need_model: bool = False, current: bool = True) -> bool:
+    """An ok record of ``run_id`` made by this code's numerics (``current``; see fedbench.numerics — a stale record
+    is rerun, not skipped); with ``need_model`` (a ``save_model=true`` run) also its saved weights
     (``record['saved']``: file names beside the record), so that an older record without them is rerun."""
+    from fedbench.numerics import is_current
+
     rec = read_record(path)
     ok = bool(rec) and rec.get("status") == "ok" and (run_id is None or rec.get("run_id") == run_id)
+    if ok and current and not is_current(rec):
+        return False
     if ok and need_model:
         saved = rec.get("saved") or {}
         ok = "model" in saved and all((Path(path).parent / f).is_file() for f in saved.values() if f is not None)
     return ok
+
+
+# --- committed records ----------------------------------------------------------------------------------
+# A run writes its record under <output_root>/runs/<run_id>/ (git-ignored). The records behind committed tables
+# are published, compact (record + round history + server trace, never weights), to results/records/<run_id>/,
+# which is committed: a fresh clone regenerates every table from them and a resumed campaign skips them.
+RECORD_FILES = ("metrics.json", "history.csv", "trace.csv")
+
+
+def records_dir() -> Path:
+    """The committed record store: ``$FEDBENCH_RECORDS``, default ``results/records`` (relative to the cwd)."""
+    return Path(os.environ.get("FEDBENCH_RECORDS", "results/records"))
+
+
+def record_dirs(output_root: Path, run_id: str) -> List[Path]:
+    """Where ``run_id``'s record may be, local run first, then the committed store."""
+    return [Path(output_root) / "runs" / run_id, records_dir() / run_id]
+
+
+def find_record_dir(output_root: Path, run_id: str, need_model: bool = False) -> Optional[Path]:
+    """The folder of ``run_id``'s complete, current record (local outputs, else the committed store), or None.
+    A ``save_model`` run needs its weights, which only local outputs have."""
+    for d in record_dirs(output_root, run_id)[: 1 if need_model else None]:
+        if is_complete(d / "metrics.json", run_id, need_model=need_model):
+            return d
+    return None
+
+
+def load_record(output_root: Path, run_id: str) -> Dict[str, Any]:
+    """``run_id``'s record for a table: a complete current one if any (local first, then committed); else the
+    local record as it is (failed, stale, ...), else the committed one, else {}. ``_dir`` says where it was."""
+    found = find_record_dir(output_root, run_id)
+    for d in ([found] if found else []) + record_dirs(output_root, run_id):
+        rec = read_record(d / "metrics.json")
+        if rec:
+            return {**rec, "_dir": str(d)}
+    return {}
+
+
+def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path]:
+    """Copy a complete run record (``RECORD_FILES``, no weights) into the committed store; returns the target
+    folder, or None when ``run_dir`` holds no complete current record or already is the store's copy."""
+    store = Path(store) if store is not None else records_dir()
+    run_dir = Path(run_dir)
+    rec = read_record(run_dir / "metrics.json")
+    if not rec or not is_complete(run_dir / "metrics.json", rec.get("run_id")):
+        return None
+    target = store / str(rec["run_id"])
+    if target.resolve() == run_dir.resolve():
+        return None
+    for name in RECORD_FILES:
+        src = run_dir / name
+        if src.is_file():
+            data = src.read_bytes()
+            if not (target / name).is_file() or (target / name).read_bytes() != data:
+                _atomic_write_bytes(target / name, data)
+    return target

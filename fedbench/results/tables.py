@@ -27,7 +27,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
-from fedbench.results.records import compute_run_id, read_record
+from fedbench.numerics import is_current
+from fedbench.results.records import compute_run_id, load_record
 from fedbench.results.summaries import last_k, parse_source, record_value
 
 
@@ -201,14 +202,17 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
         for sub in subs:
             c = OmegaConf.to_container(sub, resolve=True)
             rid = compute_run_id(sub)
-            rec = read_record(output_root / "runs" / rid / "metrics.json") or {}
+            rec = load_record(output_root, rid)
+            status = rec.get("status", "missing")
+            if status == "ok" and not is_current(rec):   # made by older numerics: never mixed into a cell
+                status = "stale"
             keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
             row = {k: row_value(c, k) for k in keys}
             row.update({"method": variant_label(method_label(c["algorithm"]), c["algorithm"], meta.get("label_keys")),
                         "algorithm": c["algorithm"]["name"], "_algo": c["algorithm"],
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
-                        "status": rec.get("status", "missing"),
-                        "missing_method": bool(c["algorithm"].get("_missing"))})
+                        "status": status,
+                        "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir")})
             if specs:
                 for s in specs:
                     if not s.applies(c):
@@ -226,7 +230,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                 rows.append(row)
                 continue
             # multi-round tables: one row per reported round, summarised from the run's history
-            hist = _history(output_root / "runs" / rid / "history.csv") if rec.get("status") == "ok" else []
+            hist = _history(Path(rec["_dir"]) / "history.csv") if status == "ok" else []
             how = meta.get("summary", "last3_mean")
             k = int(how[4]) if how.startswith("last") else 1
             for r in at_rounds:
@@ -418,7 +422,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
     col_vals = list(dict.fromkeys(tuple(norm_key(r.get(k)) for k in col_keys) for r in recs))
     lines = [f"# {meta.get('paper', '?')} {meta.get('id', '?')}: {meta.get('title', '')}", "",
              f"Profile: **{profile}**" + (" (reduced settings — NOT the paper's protocol)" if profile == "quick" else "")
-             + f". Generated {_dt.datetime.now().isoformat(timespec='seconds')} from run records.",
+             + ". Generated from run records (`results/records/`; `make tables` regenerates it).",
              "Cell: ours mean ± std over n seeds (sample std) / the paper's number / difference. "
              "`not run` = no ok record yet; `—` = no paper number."]
     if specs:

@@ -51,6 +51,7 @@ def _module(name: str):
 def study_runs(overrides: Sequence[str], output_root: Path) -> List[Dict[str, Any]]:
     """One entry per run of the study preset's sweep: overrides, config, run id, folder, record (or None)."""
     from fedbench.launch.sweep import compose_run, expand_sweep
+    from fedbench.numerics import is_current
     from fedbench.results.records import compute_run_id, read_record
 
     out = []
@@ -60,13 +61,15 @@ def study_runs(overrides: Sequence[str], output_root: Path) -> List[Dict[str, An
         folder = Path(output_root) / "runs" / rid
         rec = read_record(folder / "metrics.json")
         out.append({"overrides": ovs, "config": cfg, "run_id": rid, "dir": folder,
-                    "record": rec if rec and rec.get("status") == "ok" and rec.get("run_id") == rid else None})
+                    "record": rec if rec and rec.get("status") == "ok" and rec.get("run_id") == rid
+                    and is_current(rec) else None})
     return out
 
 
 def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None, *, force: bool = False,
                      log=print) -> List[Dict[str, Any]]:
     """Run every study of the preset's sweep that has no ok record yet (all of them with ``force``)."""
+    from fedbench.numerics import current
     from fedbench.results.records import write_json_atomic
 
     launch_dir = launch_dir or os.getcwd()
@@ -85,7 +88,8 @@ def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None,
         log(f"[{i}/{len(todo)}] {' '.join(r['overrides'])}")
         t0 = time.perf_counter()
         extra = mod.run_from_config(r["config"], r["dir"], launch_dir=launch_dir)
-        rec = {"run_id": r["run_id"], "status": "ok", "study": name,
+        rec = {"run_id": r["run_id"], "status": "ok", "study": name, "algorithm": f"study:{name}",
+               "numerics": current(f"study:{name}"),
                "config": OmegaConf.to_container(r["config"], resolve=True),
                "timing": {"total_s": time.perf_counter() - t0}, **extra}
         write_json_atomic(r["dir"] / "metrics.json", rec)

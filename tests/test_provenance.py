@@ -1,0 +1,62 @@
+"""Provenance and isolation: numerics versions, committed records, stale records, one failing aggregator."""
+import json
+import shutil
+
+from fedbench import numerics
+from fedbench.results.records import is_complete, publish_record, read_record, write_json_atomic
+from tests.conftest import ok_record
+from tests.test_run import SMALL, records, run
+
+
+def test_record_says_which_code_and_numerics_made_it(tmp_path):
+    run(SMALL + ["rounds=1"], tmp_path)
+    (path,) = records(tmp_path)
+    rec = json.loads(path.read_text())
+    assert rec["numerics"] == {"core": numerics.CORE, "method": numerics.method_version("fedavg")}
+    assert "git_dirty" in rec["environment"] and rec["environment"]["git_dirty"] in (True, False, None)
+
+
+def test_stale_numerics_are_rerun_not_skipped(tmp_path):
+    run(SMALL + ["rounds=1"], tmp_path)
+    (path,) = records(tmp_path)
+    rec = json.loads(path.read_text())
+    write_json_atomic(path, {**rec, "numerics": {"core": numerics.CORE - 1, "method": 1}})
+    assert not is_complete(path, rec["run_id"]) and is_complete(path, rec["run_id"], current=False)
+    p = run(SMALL + ["rounds=1"], tmp_path)
+    assert "skipped" not in p.stdout
+    assert json.loads(path.read_text())["numerics"]["core"] == numerics.CORE
+
+
+def test_committed_record_is_skipped_on_a_fresh_machine(tmp_path, monkeypatch):
+    run(SMALL + ["rounds=1"], tmp_path)
+    (path,) = records(tmp_path)
+    store = tmp_path / "committed"
+    target = publish_record(path.parent, store)
+    assert sorted(p.name for p in target.iterdir()) == ["history.csv", "metrics.json"]   # no weights
+    assert publish_record(target, store) is None                     # the store's own copy is not republished
+    shutil.rmtree(tmp_path / "out")                                  # a fresh clone: no outputs/
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(store))
+    p = run(SMALL + ["rounds=1"], tmp_path)
+    assert "skipped" in p.stdout and str(store) in p.stdout and records(tmp_path) == []
+
+
+def test_one_failing_aggregator_does_not_stop_the_others(tmp_path):
+    # fedfisher_diag refuses to start without a server validation set; fedavg after it must still run
+    p = run(SMALL + ["rounds=1", "aggregators=[fedfisher_diag,fedavg]"], tmp_path, expect=2)
+    recs = {r["algorithm"]: r for r in (json.loads(x.read_text()) for x in records(tmp_path))}
+    assert recs["fedavg"]["status"] == "ok"
+    assert recs["fedfisher_diag"]["status"] == "failed" and "server validation" in recs["fedfisher_diag"]["error"]
+    assert "1 ok, 1 failed (fedfisher_diag)" in p.stdout
+    assert p.stderr.strip().splitlines()[-1].startswith("fedbench: error: 1 of 2 aggregators failed")
+
+
+def test_a_failure_never_overwrites_an_ok_record(tmp_path):
+    from fedbench.runner import _failure_record
+    from fedbench.launch.sweep import compose_run
+
+    cfg = compose_run(SMALL + ["rounds=1"])
+    from fedbench.results.records import compute_run_id
+    d = tmp_path / compute_run_id(cfg)
+    write_json_atomic(d / "metrics.json", ok_record(compute_run_id(cfg), "fedavg"))
+    assert _failure_record(cfg, d, "boom")["status"] == "ok"
+    assert read_record(d / "metrics.json")["status"] == "ok"
