@@ -36,9 +36,10 @@ reproduce: install
 	$(PY) scripts/reproduce.py experiment=$(EXP) profile=$(PROFILE) $(ARGS)
 
 # Re-collect a table from existing run records (no training).
+# Without EXP: every committed table (results/collections.yaml) and the scoreboard, from results/records/.
 tables: install
-	@test -n "$(EXP)" || (echo "usage: make tables EXP=<paper>/<table> [PROFILE=...]"; exit 2)
-	$(PY) scripts/reproduce.py --collect-only experiment=$(EXP) profile=$(PROFILE) $(ARGS)
+	@if [ -z "$(EXP)" ]; then $(PY) scripts/reproduce.py --collect-only --all; \
+	else $(PY) scripts/reproduce.py --collect-only experiment=$(EXP) profile=$(PROFILE) $(ARGS); fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache

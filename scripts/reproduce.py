@@ -32,7 +32,12 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default=None,
                     help="suffix of the table's file name (results/tables/<paper>_<table>[_<profile>]_<name>.md), so "
                          "a collection with other methods or settings does not overwrite the preset's own table")
+    ap.add_argument("--all", action="store_true",
+                    help="with --collect-only: regenerate every committed table listed in results/collections.yaml "
+                         "(and its figure) from the records, then the scoreboard (results/REPRODUCTION.md)")
     args = ap.parse_args(argv)
+    if args.all:
+        return regenerate_all()
     from fedbench.launch.sweep import missing_methods, plan, run_job
     from fedbench.results.tables import check_table_suffix, collect, preset_meta
     from pathlib import Path
@@ -74,6 +79,34 @@ def main(argv=None) -> int:
                 print(f"figure written: {p}")
         except FedbenchError as e:
             print(f"no figure: {e}")
+    except FedbenchError as e:
+        print(f"fedbench: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def regenerate_all() -> int:
+    """`make tables`: every committed collection, from the committed records (and any local ones), no training."""
+    from pathlib import Path
+
+    from fedbench.results.figures import plot_table
+    from fedbench.results.tables import COLLECTIONS, collect, read_collections
+
+    out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
+    try:
+        entries = read_collections(Path("results") / COLLECTIONS)
+        for e in entries:
+            ovs = list(e["overrides"])
+            path = collect(ovs, out_root, Path("results") / "tables", e.get("metric"), suffix=e.get("suffix"),
+                           publish=False)
+            print(f"table written: {path}")
+            if not e.get("suffix"):
+                try:
+                    print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures')}")
+                except FedbenchError:
+                    pass
+        from fedbench.results.scoreboard import write_scoreboard
+        print(f"scoreboard written: {write_scoreboard(Path('results'), out_root)}")
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2

@@ -164,5 +164,5 @@ def test_table_joins_each_column_to_its_paper_row(tmp_path):
     (tmp_path / "runs" / run["run_id"]).mkdir(parents=True)
     (tmp_path / "runs" / run["run_id"] / "metrics.json").write_text(json.dumps(rec))
     text = collect_study_table(QUICK, tmp_path, tmp_path / "tables").read_text()
-    assert "70.00 ± 0.00 (n=1) / 78.40 / Δ -8.40" in text
-    assert "10.00 ± 0.00 (n=1) / 5.00" in text and "20.00 ± 0.00 (n=1) / 9.60" in text
+    assert "70.00 ± 0.00 / 78.40 / Δ -8.40" in text
+    assert "10.00 ± 0.00 / 5.00" in text and "20.00 ± 0.00 / 9.60" in text

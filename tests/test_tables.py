@@ -52,7 +52,7 @@ def test_collect_synthetic_records(tmp_path):
     assert row["mean"] == pytest.approx(60.5)
     assert (s[s.method == "fednova"]["n"] == 0).all()
     md = to_markdown(s.assign(paper=float("nan")), df.attrs["table"], "paper")
-    assert "| fmnist | beta=0.05 | " in md and "50.50 ± 0.71 (n=2)" in md and "not run (0/2)" in md
+    assert "| fmnist | beta=0.05 | " in md and "50.50 ± 0.71 / —" in md and "**n = 2** seed(s)" in md and "not run (0/2)" in md
 
 
 def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_path):
@@ -201,7 +201,7 @@ def test_fedbens_table8_ensemble_min_max_components(tmp_path):
     assert _cell(s, partition="alpha=0.4", column="max component")["finished"] == 0
     md = to_markdown(s, {**table_runs(preset, out).attrs["table"]}, "paper")
     assert "| dataset | partition | fedbens: ensemble | fedbens: min component | fedbens: max component |" in md
-    assert "51.50 ± 2.12 (n=2) / 53.41 / Δ -1.91" in md
+    assert "51.50 ± 2.12 / 53.41 / Δ -1.91 ✓" in md
 
 
 def test_fola_table2_ga_la_and_rounds_columns(tmp_path):
@@ -228,7 +228,7 @@ def test_fola_table2_ga_la_and_rounds_columns(tmp_path):
     md = to_markdown(s, df.attrs["table"], "paper")
     assert "| dataset | partition | local_epochs | method | GA | LA | round GA=30% | round GA=40% |" in md
     row = next(l for l in md.splitlines() if "| scaffold |" in l)
-    assert "20.00 ± 0.00 (n=1) / 20.30 / Δ -0.30" in row and row.count("never 1/1 / —") == 2
+    assert "20.00 ± 0.00 / 20.30 / Δ -0.30 ✓" in row and row.count("never 1/1 / —") == 2
 
 
 def test_bad_column_declarations_fail_with_one_line():
@@ -251,6 +251,11 @@ def test_bad_column_declarations_fail_with_one_line():
 def test_cells_keep_small_values_readable():
     from fedbench.results.tables import format_cell
     # accuracies: 2 decimals; losses below 0.1 (FedFisher Fig. 1's training error): 3 significant digits
-    assert format_cell({"mean": 74.2812, "std": 3.4456, "n": 3, "paper": 68.36}) == "74.28 ± 3.45 (n=3) / 68.36 / Δ +5.92"
+    assert format_cell({"mean": 74.2812, "std": 3.4456, "n": 3, "paper": 68.36}) == "74.28 ± 3.45 (n=3) / 68.36 / Δ +5.92 ✗"
     assert format_cell({"mean": 0.01532, "std": 0.004471, "n": 2}).startswith("0.0153 ± 0.00447 (n=2) / —")
     assert format_cell({"mean": 0.0, "std": 0.0, "n": 1}).startswith("0.00 ± 0.00 (n=1)")
+    # tolerance: max(3 points, 2 x combined standard error); the paper's std counts with the paper's seed count
+    assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 67.5}).endswith("Δ +2.50 ✓")
+    assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 66.5}).endswith("Δ +3.50 ✗")
+    assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 66.5, "paper_std": 4.0}, paper_n=3).endswith("✓")
+    assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 60.0, "stale": 2}).startswith("70.00 ± 1.00 (n=3) (+2 stale)")

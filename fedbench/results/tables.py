@@ -16,7 +16,6 @@ names algorithm keys that tell variants of one method apart in a figure or table
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import re
@@ -28,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
-from fedbench.results.records import compute_run_id, load_record
+from fedbench.results.records import compute_run_id, load_record, publish_record
 from fedbench.results.summaries import last_k, parse_source, record_value
 
 
@@ -307,8 +306,9 @@ def summarise(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
         ok = g[g["status"] == "ok"] if "status" in g else g
         vals = pd.to_numeric(ok[vcol], errors="coerce").dropna().astype(float) if vcol in ok else pd.Series(dtype=float)
         never = int(ok["never"].fillna(False).astype(bool).sum()) if "never" in ok else 0
+        stale = int((g["status"] == "stale").sum()) if "status" in g else 0
         cell = {**dict(zip(group, key_vals)), **{k: g[k].iloc[0] if k in g else None for k in carry},
-                "n": len(vals), "finished": len(ok), "never": never, "planned": len(g),
+                "n": len(vals), "finished": len(ok), "never": never, "planned": len(g), "stale": stale,
                 "mean": vals.mean() if len(vals) else math.nan,
                 "std": vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) == 1 else math.nan)}
         groups.append(cell)
@@ -333,7 +333,7 @@ def merge_row_variants(summary: pd.DataFrame, keys: List[str]) -> pd.DataFrame:
     return out
 
 
-_NOT_JOINED = ("method", "mean", "std", "n", "finished", "never", "planned", "variant", "column", "paper")
+_NOT_JOINED = ("method", "mean", "std", "n", "finished", "never", "planned", "stale", "variant", "column", "paper")
 
 
 def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str = "accuracy") -> pd.DataFrame:
@@ -376,14 +376,36 @@ def _missing(x) -> bool:
     return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
 
 
-def format_cell(r: Dict[str, Any]) -> str:
-    """ours / the paper's number / difference. ``never k/m``: k of the m finished runs never reached the
-    threshold (no mean is compared then: the papers print a number only when every run reached it)."""
+TOLERANCE_POINTS = 3.0   # |Δ| within max(3 points, 2 × combined standard error) counts as reproduced
+
+
+def tolerance(r: Dict[str, Any], paper_n: Optional[int]) -> Optional[float]:
+    """The largest |Δ| that still counts as reproduced: max(3, 2·sqrt(s²/n + s_p²/n_p)) (a missing paper std
+    counts as 0); None when there is nothing to compare."""
+    n = int(r.get("n") or 0)
+    if n == 0 or _missing(r.get("paper")) or _missing(r.get("mean")):
+        return None
+    s = 0.0 if _missing(r.get("std")) else float(r["std"])
+    sp = 0.0 if _missing(r.get("paper_std")) else float(r["paper_std"])
+    var = s * s / n + (sp * sp / paper_n if paper_n else 0.0)
+    return max(TOLERANCE_POINTS, 2.0 * math.sqrt(var))
+
+
+def within_tolerance(r: Dict[str, Any], paper_n: Optional[int]) -> Optional[bool]:
+    tol = tolerance(r, paper_n)
+    return None if tol is None else abs(float(r["mean"]) - float(r["paper"])) <= tol
+
+
+def format_cell(r: Dict[str, Any], paper_n: Optional[int] = None, show_n: bool = True) -> str:
+    """ours / the paper's number / difference and a mark: ✓ within tolerance, ✗ outside. ``never k/m``: k of the
+    m finished runs never reached the threshold (no mean is compared then: the papers print a number only when
+    every run reached it). ``show_n=False`` when the table states one n for every cell; ``+k stale`` counts
+    records of older numerics left out of the cell."""
     paper = r.get("paper", math.nan)
     ref = "—" if _missing(paper) else _fmt(paper)
     n, never = int(r["n"]), int(r.get("never", 0) or 0)
     finished = int(r.get("finished", n) if not _missing(r.get("finished")) else n)
-    stats = f"{_fmt(r['mean'])} ± {_fmt(r['std'])} (n={n})"
+    stats = f"{_fmt(r['mean'])} ± {_fmt(r['std'])}" + (f" (n={n})" if show_n else "")
     diff = ""
     if finished == 0:
         ours = f"not run (0/{int(r['planned'])})"
@@ -393,7 +415,11 @@ def format_cell(r: Dict[str, Any]) -> str:
         ours = f"no value ({finished} finished)"
     else:
         ours = stats
-        diff = f" / Δ {r['mean'] - paper:+.2f}" if ref != "—" else ""
+        if ref != "—":
+            ok = within_tolerance(r, paper_n)
+            diff = f" / Δ {r['mean'] - paper:+.2f}" + ("" if ok is None else " ✓" if ok else " ✗")
+    stale = int(r.get("stale", 0) or 0)
+    ours += f" (+{stale} stale)" if stale else ""
     variant = f" {r['variant']}" if isinstance(r.get("variant"), str) and r.get("variant") else ""
     return f"{ours} / {ref}{diff}{variant}"
 
@@ -414,17 +440,65 @@ def table_layout(meta: Dict[str, Any], summary: pd.DataFrame) -> tuple:
     return rows, cols
 
 
+def paper_seeds(meta: Dict[str, Any]) -> Optional[int]:
+    """How many seeds the paper's numbers average: the preset's paper profile's seed axis (None if unknown)."""
+    seeds = (((meta.get("profiles") or {}).get("paper") or {}).get("sweep") or {}).get("seed")
+    return len(seeds) if isinstance(seeds, (list, tuple)) and seeds else None
+
+
+def score(summary: pd.DataFrame, meta: Dict[str, Any]) -> Dict[str, Any]:
+    """What a table reproduces: cells with a paper number, those run (n > 0) and within / outside tolerance, and
+    per row the paper's winner against ours (only for tables whose columns are methods)."""
+    paper_n = paper_seeds(meta)
+    keys = [k for k in (meta.get("rows") or ["dataset", "partition"])] + (["column"] if "column" in summary else [])
+    keys = [k for k in keys if k in summary]
+    out = {"paper_cells": 0, "run": 0, "within": 0, "outside": [], "rows": 0, "order_held": 0, "order_failed": []}
+    if summary.empty:
+        return out
+    for r in summary.to_dict("records"):
+        if _missing(r.get("paper")):
+            continue
+        out["paper_cells"] += 1
+        ok = within_tolerance(r, paper_n)
+        if ok is None:
+            continue
+        out["run"] += 1
+        if ok:
+            out["within"] += 1
+        else:
+            out["outside"].append({**{k: r.get(k) for k in keys}, "method": r["method"], "mean": r["mean"],
+                                   "paper": r["paper"]})
+    if "column" not in summary:   # per row: does the paper's best method also win here?
+        for rv, g in summary.groupby(keys, sort=False, dropna=False):
+            both = g[g["paper"].notna() & (g["n"] > 0)] if "paper" in g else g.iloc[0:0]
+            if len(both) < 2:
+                continue
+            out["rows"] += 1
+            ours, theirs = both.loc[both["mean"].idxmax(), "method"], both.loc[both["paper"].idxmax(), "method"]
+            if ours == theirs:
+                out["order_held"] += 1
+            else:
+                out["order_failed"].append({"row": "/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))),
+                                            "paper_winner": theirs, "our_winner": ours})
+    return out
+
+
 def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, approx_note: str = "",
                 metric: str = "accuracy") -> str:
     specs = column_specs(meta)
     row_keys, col_keys = table_layout(meta, summary)
     recs = summary.to_dict("records")
     col_vals = list(dict.fromkeys(tuple(norm_key(r.get(k)) for k in col_keys) for r in recs))
+    paper_n = paper_seeds(meta)
+    ns = {int(r["n"]) for r in recs if int(r["n"]) > 0}
+    one_n = ns.pop() if len(ns) == 1 else None
     lines = [f"# {meta.get('paper', '?')} {meta.get('id', '?')}: {meta.get('title', '')}", "",
              f"Profile: **{profile}**" + (" (reduced settings — NOT the paper's protocol)" if profile == "quick" else "")
              + ". Generated from run records (`results/records/`; `make tables` regenerates it).",
-             "Cell: ours mean ± std over n seeds (sample std) / the paper's number / difference. "
-             "`not run` = no ok record yet; `—` = no paper number."]
+             "Cell: ours mean ± std over " + (f"**n = {one_n}** seed(s) in every cell that ran" if one_n else "n seeds")
+             + " (sample std) / the paper's number / difference, ✓ within tolerance, ✗ outside "
+             f"(|Δ| ≤ max({TOLERANCE_POINTS:g} points, 2 × the combined standard error; paper n = {paper_n or '?'})). "
+             "`not run` = no ok record yet; `—` = no paper number; `+k stale` = k records of older numerics left out."]
     if specs:
         lines.append("Columns: " + "; ".join(f"{s.name} = `{s.value}`" for s in specs) + ".")
         if any(s.never for s in specs):
@@ -447,8 +521,15 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
         for cv in col_vals:
             hit = [r for r in recs if tuple(norm_key(r.get(k)) for k in row_keys) == rv
                    and tuple(norm_key(r.get(k)) for k in col_keys) == cv]
-            cells.append(format_cell(hit[0]) if hit else "")
+            cells.append(format_cell(hit[0], paper_n, show_n=one_n is None) if hit else "")
         lines.append("| " + " | ".join(list(rv) + cells) + " |")
+    sc = score(summary, meta)
+    lines += ["", f"Within tolerance: **{sc['within']} of {sc['run']}** cells run with a paper number "
+              f"({sc['paper_cells']} paper cells in this collection)."]
+    if sc["rows"]:
+        failed = "; ".join(f"{f['row']}: paper {f['paper_winner']}, ours {f['our_winner']}" for f in sc["order_failed"])
+        lines.append(f"Paper's winner also wins here: **{sc['order_held']} of {sc['rows']}** rows"
+                     + (f" (not in: {failed})." if failed else "."))
     return "\n".join(lines) + "\n"
 
 
@@ -463,7 +544,12 @@ def check_table_suffix(suffix: Optional[str]) -> None:
 
 
 def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None,
-            suffix: Optional[str] = None) -> Path:
+            suffix: Optional[str] = None, publish: bool = True) -> Path:
+    """Write ``<tables_dir>/<paper>_<table>[_<profile>][_<suffix>].md`` (+ ``_runs.csv``) from the run records.
+
+    With ``publish`` the finished records behind it are copied (compact, no weights) into the committed store
+    (results/records) and the collection is listed in ``<tables_dir>/../collections.yaml``, so that ``make tables``
+    regenerates every committed table from a fresh clone."""
     check_table_suffix(suffix)
     df = table_runs(overrides, output_root)
     if df.empty and any(o.startswith("experiment=") for o in overrides):
@@ -476,11 +562,53 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}") + \
         (f"_{suffix}" if suffix else "")
     tables_dir.mkdir(parents=True, exist_ok=True)
-    df.to_csv(tables_dir / f"{name}_runs.csv", index=False)
+    if publish:
+        publish_records(df)
+        register_collection(tables_dir.parent / COLLECTIONS, name, overrides, metric, suffix, profile)
+    df.drop(columns=["record_dir"]).to_csv(tables_dir / f"{name}_runs.csv", index=False)
     summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
     out = tables_dir / f"{name}.md"
     out.write_text(to_markdown(summary, meta, profile, metric=metric))
     return out
+
+
+def publish_records(df: pd.DataFrame) -> int:
+    """Copy every finished, current record of a table that lives outside the committed store into it."""
+    n = 0
+    for d in df.loc[df["status"] == "ok", "record_dir"].dropna().unique():
+        n += publish_record(Path(d)) is not None
+    return n
+
+
+# --- the committed collections: what `make tables` regenerates -------------------------------------------
+COLLECTIONS = "collections.yaml"
+_NOT_COLLECTION_KEYS = ("hardware", "progress", "paths", "logger", "force", "cache", "save_model")
+
+
+def collection_overrides(overrides: Sequence[str]) -> List[str]:
+    """The overrides that define a table (those saying where or how runs execute are dropped)."""
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~").split(".", 1)[0] not in _NOT_COLLECTION_KEYS]
+
+
+def read_collections(path: Path) -> List[Dict[str, Any]]:
+    if not Path(path).is_file():
+        return []
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    return list(data.get("collections") or [])
+
+
+def register_collection(path: Path, name: str, overrides: Sequence[str], metric: str, suffix: Optional[str],
+                        profile: str = "paper") -> None:
+    """Add (or replace, by table file name) one collection in the manifest, kept sorted by name."""
+    entry = {"name": name, "overrides": collection_overrides(overrides), "metric": metric, "suffix": suffix,
+             "profile": profile}
+    entries = [e for e in read_collections(path) if e.get("name") != name] + [entry]
+    entries.sort(key=lambda e: e["name"])
+    text = ("# Every committed table under results/tables/ and the collect call that makes it (written by collect;\n"
+            "# `make tables` regenerates them all from results/records/).\n"
+            + OmegaConf.to_yaml(OmegaConf.create({"collections": entries})))
+    from fedbench.results.records import _atomic_write_bytes
+    _atomic_write_bytes(Path(path), text.encode())
 
 
 def preset_meta(overrides: Sequence[str]) -> Dict[str, Any]:

@@ -1,0 +1,186 @@
+"""The reproduction scoreboard (results/REPRODUCTION.md): what fedbench reproduces, table by table and claim by claim.
+
+Generated from three committed inputs only, so a test can check that the committed file is up to date:
+- the collections (results/collections.yaml) and the run records behind them (results/records/): every cell run,
+  compared with the paper's number under the tables' tolerance (fedbench.results.tables.tolerance);
+- the reference CSVs (results/reference/): how many cells each paper table has, and which are runnable here;
+- the campaign plan (results/campaign.yaml): per table, what is runnable, its cost on this machine and what is
+  left out and why; the headline claims with the rule that checks each; gap explanations (results/gaps.md).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from fedbench.errors import FedbenchError
+from fedbench.results.reference import available_tables, load_reference
+from fedbench.results.tables import (COLLECTIONS, attach_reference, norm_key, read_collections, score, summarise,
+                                     table_runs)
+
+CAMPAIGN = "campaign.yaml"
+GAPS = "gaps.md"
+# Data the project has offline (../shared/datasets) or generates (FedFisher's synthetic regression).
+OFFLINE_DATASETS = ("mnist", "fmnist", "uci_credit", "flamby_heart", "fedfisher_synthetic")
+
+
+def load_campaign(results: Path) -> Dict[str, Any]:
+    path = Path(results) / CAMPAIGN
+    if not path.is_file():
+        raise FedbenchError(f"{path} is missing: the campaign plan lists every table's cost and claims")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+
+
+def paper_cells(paper: str, table: str) -> tuple:
+    """(cells with a number in the paper, of which on data available here)."""
+    ref = load_reference(paper, table)
+    ref = ref[pd.to_numeric(ref["mean"], errors="coerce").notna()]
+    if "metric" in ref:   # figures-as-tables with text cells (FOLA Table I) have no numeric metric
+        ref = ref[ref["metric"] != "augmentation"]
+    here = ref[ref["dataset"].isin(OFFLINE_DATASETS)] if "dataset" in ref else ref.iloc[0:0]
+    return len(ref), len(here)
+
+
+def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str, Any]]:
+    """name -> {meta, summary, score, n_full} for every committed collection."""
+    out = {}
+    for e in read_collections(Path(results) / COLLECTIONS):
+        df = table_runs(list(e["overrides"]), output_root)
+        meta = df.attrs.get("table") or {}
+        metric = e.get("metric") or "accuracy"
+        summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
+        from fedbench.results.tables import paper_seeds
+        want = paper_seeds(meta) or 0
+        ran = summary[(summary["n"] > 0) & summary["paper"].notna()] if len(summary) else summary
+        out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta), "entry": e,
+                          "full_seeds": int((ran["n"] >= want).sum()) if want and len(ran) else 0}
+    return out
+
+
+def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tuple:
+    """(status, detail) of a headline claim ``{collection, winner, loser}``: our means must order every row of the
+    collection where both methods ran as the claim says."""
+    c = colls.get(claim.get("collection"))
+    if c is None:
+        return "not run", "collection not committed"
+    s = c["summary"]
+    if s.empty:
+        return "not run", "no records"
+    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
+    rows, held, failed = 0, 0, []
+    where = claim.get("where") or {}
+    for rv, g in s.groupby(keys, sort=False, dropna=False):
+        rv = rv if isinstance(rv, tuple) else (rv,)
+        row = dict(zip(keys, rv))
+        if any(norm_key(row.get(k)) not in [norm_key(x) for x in (v if isinstance(v, list) else [v])]
+               for k, v in where.items()):
+            continue
+        w, lo = g[(g["method"] == claim["winner"]) & (g["n"] > 0)], g[(g["method"] == claim["loser"]) & (g["n"] > 0)]
+        if w.empty or lo.empty:
+            continue
+        rows += 1
+        if float(w["mean"].iloc[0]) > float(lo["mean"].iloc[0]):
+            held += 1
+        else:
+            failed.append("/".join(norm_key(v) for v in rv))
+    if rows == 0:
+        return "not run", "no row has both methods"
+    if held == rows:
+        return "reproduced", f"{held}/{rows} rows"
+    return "not reproduced", f"{held}/{rows} rows (fails: {', '.join(failed)})"
+
+
+def _gap_anchors(results: Path) -> set:
+    path = Path(results) / GAPS
+    if not path.is_file():
+        return set()
+    return {m.group(1) for m in re.finditer(r'<a id="([^"]+)"></a>', path.read_text())}
+
+
+def render(results: Path, output_root: Path) -> str:
+    results = Path(results)
+    plan = load_campaign(results)
+    colls = collection_summaries(results, output_root)
+    anchors = _gap_anchors(results)
+    by_table: Dict[tuple, List[str]] = {}
+    for name, c in colls.items():
+        if c["entry"].get("suffix") is None and c["entry"].get("profile", "paper") == "paper":
+            by_table.setdefault((c["meta"]["paper"], c["meta"]["id"]), []).append(name)
+
+    lines = ["# Reproduction scoreboard", "",
+             "Generated by `make tables` (`python scripts/reproduce.py --collect-only --all`) from the committed run "
+             "records (`results/records/`), the papers' numbers (`results/reference/`) and the campaign plan "
+             "(`results/campaign.yaml`); `tests/test_scoreboard.py` checks that this file is up to date. "
+             "A cell is **within tolerance** when |ours − paper| ≤ max(3 points, 2 × the combined standard error "
+             "sqrt(s²/n + s_p²/n_p)); quick-profile and extra collections (`_<name>` suffix) do not count here.", ""]
+    # ---- cost plan --------------------------------------------------------------------------------------------
+    lines += ["## 1. Cost plan", "", plan.get("intro", "").strip(), "",
+              "| table | paper cells | on data here | status here | CPU hours (paper profile, this machine) | order | notes |",
+              "|---|---|---|---|---|---|---|"]
+    planned = {(t["paper"], t["table"]): t for t in plan.get("tables") or []}
+    for paper, table in available_tables():
+        n_all, n_here = paper_cells(paper, table)
+        t = planned.get((paper, table), {})
+        lines.append(f"| {paper} {table} | {n_all} | {n_here} | {t.get('status', 'not planned')} | "
+                     f"{t.get('cpu_hours', '?')} | {t.get('order', '')} | {t.get('notes', '')} |")
+    for (paper, table), t in planned.items():
+        if (paper, table) not in available_tables():
+            lines.append(f"| {paper} {table} | — | — | {t.get('status', '')} | {t.get('cpu_hours', '?')} | "
+                         f"{t.get('order', '')} | {t.get('notes', '')} |")
+    # ---- scoreboard -------------------------------------------------------------------------------------------
+    lines += ["", "## 2. Scoreboard", "",
+              "Per paper table with committed paper-profile records: cells the paper prints, cells runnable here "
+              "(offline data), cells we ran, of which with all of the paper's seeds, within tolerance, outside; and "
+              "whether the paper's winner of each row also wins here.", "",
+              "| table | paper cells | runnable here | run | all seeds | within | outside | row winner holds |",
+              "|---|---|---|---|---|---|---|---|"]
+    tot = {"paper": 0, "here": 0, "run": 0, "full": 0, "within": 0, "outside": 0}
+    for (paper, table), names in sorted(by_table.items()):
+        n_all, n_here = paper_cells(paper, table)
+        run = sum(colls[n]["score"]["run"] for n in names)
+        within = sum(colls[n]["score"]["within"] for n in names)
+        full = sum(colls[n]["full_seeds"] for n in names)
+        rows = sum(colls[n]["score"]["rows"] for n in names)
+        held = sum(colls[n]["score"]["order_held"] for n in names)
+        links = ", ".join(f"[{n}](tables/{n}.md)" for n in names)
+        lines.append(f"| {paper} {table} ({links}) | {n_all} | {n_here} | {run} | {full} | {within} | "
+                     f"{run - within} | {held}/{rows} |")
+        for k, v in (("paper", n_all), ("here", n_here), ("run", run), ("full", full), ("within", within),
+                     ("outside", run - within)):
+            tot[k] += v
+    lines.append(f"| **all** | {tot['paper']} | {tot['here']} | {tot['run']} | {tot['full']} | {tot['within']} | "
+                 f"{tot['outside']} | |")
+    # ---- claims -----------------------------------------------------------------------------------------------
+    lines += ["", "## 3. Headline claims", "", "| paper | claim | checked on | status |", "|---|---|---|---|"]
+    counts: Dict[str, int] = {}
+    for cl in plan.get("claims") or []:
+        status, detail = _claim_status(cl, colls)
+        counts[status] = counts.get(status, 0) + 1
+        lines.append(f"| {cl['paper']} | {cl['text']} | {cl['collection']} | **{status}** ({detail}) |")
+    lines.append("")
+    lines.append("Claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "." if counts else "No claims listed.")
+    # ---- gaps -------------------------------------------------------------------------------------------------
+    lines += ["", "## 4. Cells outside tolerance", "",
+              "Each links to its explanation in [gaps.md](gaps.md) (hypothesis and the experiment that tested it).", ""]
+    any_gap = False
+    for (paper, table), names in sorted(by_table.items()):
+        for n in names:
+            for o in colls[n]["score"]["outside"]:
+                any_gap = True
+                where = "/".join(norm_key(o.get(k)) for k in o if k not in ("method", "mean", "paper"))
+                anchor = f"{paper}-{table}"
+                link = f"[why](gaps.md#{anchor})" if anchor in anchors else "**explanation missing**"
+                lines.append(f"- {paper} {table} {where} {o['method']}: ours {o['mean']:.2f}, paper "
+                             f"{o['paper']:.2f} (Δ {o['mean'] - o['paper']:+.2f}) — {link}")
+    if not any_gap:
+        lines.append("None among the cells run.")
+    return "\n".join(lines) + "\n"
+
+
+def write_scoreboard(results: Path, output_root: Path) -> Path:
+    path = Path(results) / "REPRODUCTION.md"
+    path.write_text(render(results, output_root))
+    return path

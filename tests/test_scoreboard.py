@@ -1,0 +1,106 @@
+"""Committed records, stale numerics in tables, `make tables` from a fresh clone, and the scoreboard."""
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fedbench import numerics
+from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
+from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
+from fedbench.results.scoreboard import _claim_status, render
+from fedbench.results.tables import COLLECTIONS, collect, read_collections, score
+from fedbench.runner import expand_aggregators
+from tests.conftest import ok_record
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist", "model=lenet", "partition.alpha=0.1",
+         "seed=0,1,2"]
+ACC = {"fedavg": 40.0, "fedfisher_kfac": 68.0, "fedfisher_diag": 55.0}
+
+
+def _write_records(out: Path, stale_seed=None):
+    for ovs in expand_sweep(TABLE):
+        for sub in expand_aggregators(compose_run(ovs), CONF_DIR):
+            name = sub.algorithm.name
+            if name not in ACC:
+                continue
+            rid = compute_run_id(sub)
+            rec = ok_record(rid, name, metrics={"accuracy": ACC[name] + sub.seed})
+            if stale_seed is not None and sub.seed == stale_seed:
+                rec["numerics"] = {"core": numerics.CORE - 1, "method": 1}   # made by older arithmetic
+            write_json_atomic(out / "runs" / rid / "metrics.json", rec)
+            write_csv_atomic(out / "runs" / rid / "history.csv", [{"round": 1, "accuracy": ACC[name] + sub.seed}])
+
+
+def test_stale_records_are_left_out_of_cells_and_counted(tmp_path):
+    _write_records(tmp_path / "out", stale_seed=2)
+    md = collect(TABLE, tmp_path / "out", tmp_path / "tables", publish=False).read_text()
+    # seeds 0 and 1 only: 68.5 ± 0.71 for K-FAC, and the stale seed-2 record is announced, never averaged in
+    assert "68.50 ± 0.71 (+1 stale) / 68.36 / Δ +0.14 ✓" in md
+    assert "**n = 2** seed(s)" in md and "paper n = 5" in md
+
+
+def test_collect_publishes_records_and_make_tables_regenerates_from_them(tmp_path, monkeypatch):
+    store = tmp_path / "committed"
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(store))
+    _write_records(tmp_path / "out")
+    results = tmp_path / "results"
+    first = collect(TABLE + ["hardware=cpu", "progress=false"], tmp_path / "out", results / "tables").read_text()
+    assert len(list(store.glob("*/metrics.json"))) == 9 and not list(store.glob("*/*.pt"))
+    (entry,) = read_collections(results / COLLECTIONS)
+    assert entry["name"] == "fedfisher_table2" and entry["profile"] == "paper"
+    assert "hardware=cpu" not in entry["overrides"] and "progress=false" not in entry["overrides"]
+    # a fresh clone: no outputs/, only the committed store
+    again = collect(entry["overrides"], tmp_path / "empty", tmp_path / "again", publish=False).read_text()
+    assert again == first and "69.00 ± 1.00 / 68.36 / Δ +0.64 ✓" in again
+
+
+def test_score_counts_cells_and_row_winners():
+    s = pd.DataFrame([
+        {"dataset": "fmnist", "partition": "a", "method": "x", "n": 3, "mean": 70.0, "std": 1.0, "paper": 69.0},
+        {"dataset": "fmnist", "partition": "a", "method": "y", "n": 3, "mean": 60.0, "std": 1.0, "paper": 50.0},
+        {"dataset": "fmnist", "partition": "b", "method": "x", "n": 3, "mean": 50.0, "std": 1.0, "paper": 69.0},
+        {"dataset": "fmnist", "partition": "b", "method": "y", "n": 3, "mean": 60.0, "std": 1.0, "paper": 61.0},
+        {"dataset": "fmnist", "partition": "b", "method": "z", "n": 0, "mean": float("nan"), "std": 0.0, "paper": 1.0},
+    ])
+    sc = score(s, {"rows": ["dataset", "partition"]})
+    assert (sc["paper_cells"], sc["run"], sc["within"]) == (5, 4, 2)
+    assert [(o["partition"], o["method"]) for o in sc["outside"]] == [("a", "y"), ("b", "x")]
+    assert (sc["rows"], sc["order_held"]) == (2, 1)
+    assert sc["order_failed"] == [{"row": "fmnist/b", "paper_winner": "x", "our_winner": "y"}]
+
+
+def test_claims_hold_only_when_every_row_agrees():
+    s = pd.DataFrame([
+        {"dataset": "d", "partition": "a", "method": "w", "n": 3, "mean": 70.0},
+        {"dataset": "d", "partition": "a", "method": "l", "n": 3, "mean": 60.0},
+        {"dataset": "d", "partition": "b", "method": "w", "n": 3, "mean": 50.0},
+        {"dataset": "d", "partition": "b", "method": "l", "n": 3, "mean": 55.0},
+    ])
+    colls = {"t": {"summary": s, "meta": {"rows": ["dataset", "partition"]}}}
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \
+        ("not reproduced", "1/2 rows (fails: d/b)")
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}}, colls)[0] == \
+        "reproduced"
+    assert _claim_status({"collection": "missing", "winner": "w", "loser": "l"}, colls)[0] == "not run"
+
+
+def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):
+    """results/REPRODUCTION.md is what `make tables` makes from the committed records (regenerate it if this fails)."""
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
+    committed = (ROOT / "results" / "REPRODUCTION.md").read_text()
+    assert render(ROOT / "results", tmp_path / "no_outputs") == committed
+
+
+def test_every_committed_table_is_regenerated_from_committed_records(tmp_path, monkeypatch):
+    """Each table listed in results/collections.yaml equals what collect makes from results/records alone."""
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
+    entries = read_collections(ROOT / "results" / COLLECTIONS)
+    assert entries, "no committed collections"
+    for e in entries:
+        path = collect(e["overrides"], tmp_path / "no_outputs", tmp_path / "tables", e.get("metric"),
+                       suffix=e.get("suffix"), publish=False)
+        assert path.read_text() == (ROOT / "results" / "tables" / path.name).read_text(), path.name
+    listed = {f"{e['name']}.md" for e in entries}
+    on_disk = {p.name for p in (ROOT / "results" / "tables").glob("*.md")}
+    assert on_disk <= listed, f"tables not made from committed records: {sorted(on_disk - listed)}"
