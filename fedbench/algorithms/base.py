@@ -105,6 +105,11 @@ class Algorithm:
         None (the default) = the engine trains ``start_params``. Still cached under ``client_stage_key``."""
         return None
 
+    def stage_client_ids(self, client_ids: Sequence[int]) -> Sequence[int]:
+        """The clients whose trained weights the round's client stage holds, in order (one message each):
+        every client (the default); ``centralized`` trains one pooled client."""
+        return client_ids
+
     def client_message(self, client_id: int, params: Params, result: TrainResult, pos: int,
                        state: Dict[str, Any], round_idx: int) -> Message:
         n = len(self.setup.client_indices[client_id])

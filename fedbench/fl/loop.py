@@ -155,11 +155,13 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
                 on_clients(r, result.params)
             t1 = time.perf_counter()
             served0 = setup.cache.served_s if setup.cache is not None else 0.0
+            trained = list(algo.stage_client_ids(ids))   # every client, or one pooled client (centralized)
             if n_mem == 1:
-                messages = [algo.client_message(cid, result.params[i], result, i, state, r) for i, cid in enumerate(ids)]
+                messages = [algo.client_message(cid, result.params[i], result, i, state, r)
+                            for i, cid in enumerate(trained)]
             else:   # a client's M trained weight dicts and results, as lists over members
                 messages = [algo.client_message(cid, [res.params[i] for res in results], results, i, state, r)
-                            for i, cid in enumerate(ids)]
+                            for i, cid in enumerate(trained)]
             t2 = time.perf_counter()
             served_post = (setup.cache.served_s if setup.cache is not None else 0.0) - served0
             state = algo.aggregate(messages, state, r)
@@ -177,7 +179,7 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
                 if setup.local_accuracy and setup.task == "classification":
                     accs = [evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
                             for p in result.params]
-                    sizes = [len(ix) for ix in setup.client_indices]
+                    sizes = [len(setup.client_indices[c]) for c in trained]
                     metrics["local_accuracy"] = sum(a * n for a, n in zip(accs, sizes)) / max(sum(sizes), 1)
             t4 = time.perf_counter()
             losses = [m.info.get("train_loss", float("nan")) for m in messages]
