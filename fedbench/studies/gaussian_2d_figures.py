@@ -80,7 +80,7 @@ def figure_fedlpa6(path) -> Dict[str, np.ndarray]:
             draw_gaussian(ax, agg, P, X, Y, "red", lw=2.0)
             ax.plot(*agg.mean, "^", color="red", ms=9)
         err = float(np.linalg.norm(agg.mean - exact.mean))
-        ax.set_title(f"{title}|aggregate mean − exact product mean| = {err:.2f}", fontsize=9)
+        ax.set_title(f"{title}\n|aggregate mean − exact product mean| = {err:.2f}", fontsize=9)
         ax.set_aspect("equal")
         ax.set_xlabel("θ₁")
     axes[0].set_ylabel("θ₂")
