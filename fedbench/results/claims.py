@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
@@ -37,6 +37,7 @@ class Claim:
     timeout_s: float
     waited: bool = False       # another process held it when we first asked
     took_over: bool = False    # we removed a dead holder's claim
+    thread: int = field(default_factory=threading.get_ident)   # the thread that took it
 
 
 def claim_timeout() -> float:
@@ -61,7 +62,7 @@ def claim(path: str | os.PathLike, what: str, *, timeout_s: Optional[float] = No
     :class:`Claim`, or None when the folder cannot take a claim file (read-only: no one else can write there)."""
     path = Path(path)
     timeout_s = claim_timeout() if timeout_s is None else float(timeout_s)
-    if path in _thread_held():   # waiting on ourselves would never end
+    if _held_by_this_thread(path):   # waiting on ourselves would never end
         raise RuntimeError(f"claim {path} is already held by this thread")
     try:
         c = acquire(path, what, timeout_s=timeout_s, poll_s=poll_s, wait=True)
@@ -214,19 +215,16 @@ def _take_over(path: Path, seen, what: str) -> bool:
 _HELD: Dict[str, Claim] = {}     # token -> claim, every thread of this process
 _LOCK = threading.Lock()
 _WAKE = threading.Event()
-_THREAD_STATE = threading.local()
 _heartbeat_thread: Optional[threading.Thread] = None
 
 
-def _thread_held() -> set:
-    if not hasattr(_THREAD_STATE, "paths"):
-        _THREAD_STATE.paths = set()
-    return _THREAD_STATE.paths
+def _held_by_this_thread(path: Path) -> bool:
+    with _LOCK:
+        return any(c.path == path and c.thread == threading.get_ident() for c in _HELD.values())
 
 
 def _register(c: Claim) -> None:
     global _heartbeat_thread
-    _thread_held().add(c.path)
     with _LOCK:
         _HELD[c.token] = c
         if _heartbeat_thread is None or not _heartbeat_thread.is_alive():
@@ -236,7 +234,6 @@ def _register(c: Claim) -> None:
 
 
 def _unregister(c: Claim) -> None:
-    _thread_held().discard(c.path)
     with _LOCK:
         _HELD.pop(c.token, None)
 
