@@ -159,7 +159,23 @@ def _abs(path: str, base: Optional[str]) -> str:
 
 
 def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None) -> Dict[str, Any]:
-    """Run ``cfg`` and write ``metrics.json`` + ``history.csv`` into ``output_dir``; returns the record."""
+    """Run ``cfg`` and write ``metrics.json`` + ``history.csv`` into ``output_dir``; returns the record.
+
+    A run without an ok record is claimed first (``<output_dir>/.claim``, fedbench/results/claims.py), so
+    two processes never train it at once: the second waits, then ``_execute`` checks the record again and
+    returns the first one's ok record as a skip, or runs it itself if the first one failed or died."""
+    from fedbench.results.claims import claim
+
+    out, run_id = Path(output_dir), compute_run_id(cfg)
+    if not cfg.get("force", False) and is_complete(out / "metrics.json", run_id,
+                                                  need_model=bool(cfg.get("save_model", False))):
+        return _execute(cfg, output_dir, launch_dir=launch_dir)   # the skip: no claim needed
+    with claim(out / ".claim", f"run {run_id}"):
+        return _execute(cfg, output_dir, launch_dir=launch_dir)
+
+
+def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None) -> Dict[str, Any]:
+    """``execute``'s body: skip a run with an ok record, else check the config, train, write the record."""
     from fedbench.algorithms import build_algorithm
     from fedbench.data import load_dataset
     from fedbench.data.transforms import Augment

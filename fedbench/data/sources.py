@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -18,10 +19,11 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from fedbench.checksums import payload_sha256
 from fedbench.errors import DataError
 
 CACHE_DIR = "fedbench_cache"
-CACHE_VERSION = 1
+CACHE_VERSION = 2   # 2: every cache carries the SHA-256 of its content (version-1 caches, unchecked, are rebuilt)
 _CHUNK = 1 << 20
 
 
@@ -133,17 +135,28 @@ def load_cache(root: Path, key: str, sig) -> Optional[dict]:
         return None
     if sig is not None and payload.get("signature") != _plain(sig):
         return None
+    if payload_sha256(_checked_part(payload)) != payload.get("sha256"):
+        print(f"fedbench: WARNING: cache entry {path} checksum mismatch; recomputing", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
     return payload
 
 
 def save_cache(root: Path, key: str, sig, **tensors) -> None:
     """Write the tensor cache atomically; a read-only root just means no cache."""
     payload = {"version": CACHE_VERSION, "signature": _plain(sig), **tensors}
+    payload["sha256"] = payload_sha256(_checked_part(payload))
     try:
         with atomic_path(cache_path(root, key)) as tmp:
             torch.save(payload, tmp)
     except OSError:
         pass
+
+
+def _checked_part(payload: dict) -> dict:
+    """What a tensor cache's checksum covers: everything but the checksum itself."""
+    return {k: v for k, v in payload.items() if k != "sha256"}
 
 
 def _plain(sig):

@@ -3,11 +3,15 @@ everything that determines them, so every one-shot aggregator, lambda or solver 
 every rerun reuses the same clients (DESIGN.md "client-stage cache").
 
 Entries are single files written atomically (temp file + rename), so concurrent jobs sharing
-the cache never see torn files; an entry that fails to load or whose recorded key parts do not
-match is reported, deleted and recomputed, never used.
+the cache never see torn files; an entry that fails to load, whose recorded key parts do not
+match, that has no checksum (written before checksums) or whose SHA-256 does not match its
+content (fedbench/checksums.py) is reported, deleted and recomputed, never used. A missing entry
+is computed under a claim on its key (fedbench/results/claims.py): a second process needing the
+same stage waits for the first one's entry and loads it instead of training the clients again.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import torch
+
+from fedbench.checksums import payload_sha256
+from fedbench.results.claims import claim
 
 CACHE_VERSION = 1   # bump when what a cached stage means changes
 
@@ -53,17 +60,24 @@ class ClientStageCache:
             if not isinstance(entry, dict) or entry.get("key") != key or \
                     json.loads(entry.get("parts", "null")) != json.loads(json.dumps(parts, default=str)):
                 raise ValueError("key mismatch")
+            if "sha256" not in entry:
+                return self._discard(path, "has no checksum (written by an older fedbench)")
+            if payload_sha256(_checked_part(entry)) != entry["sha256"]:
+                return self._discard(path, "checksum mismatch")
             self.hits += 1
             self.served_s += float(entry.get("seconds") or 0.0)
             return entry["payload"]
-        except Exception as e:  # corrupt / torn / foreign file: recompute, never use
-            print(f"fedbench: WARNING: cache entry {path} is unusable ({type(e).__name__}); recomputing",
-                  file=sys.stderr)
-            try:
-                path.unlink()
-            except OSError:
-                pass
-            return None
+        except Exception as e:  # corrupt / torn / foreign / unchecked file: recompute, never use
+            return self._discard(path, f"is unusable ({type(e).__name__})")
+
+    @staticmethod
+    def _discard(path: Path, why: str) -> None:
+        print(f"fedbench: WARNING: cache entry {path} {why}; recomputing", file=sys.stderr)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
 
     def save(self, parts: Dict[str, Any], payload: Dict[str, Any], seconds: Optional[float] = None) -> None:
         """``seconds``: what computing the payload cost, kept so a record served from the cache still reports it."""
@@ -74,6 +88,7 @@ class ClientStageCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"key": key, "parts": json.dumps(parts, sort_keys=True, default=str), "payload": payload,
                  "seconds": None if seconds is None else float(seconds)}
+        entry["sha256"] = payload_sha256(_checked_part(entry))
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
         os.close(fd)
         try:
@@ -87,13 +102,31 @@ class ClientStageCache:
     def get_or_compute(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]],
                        device: Optional[torch.device] = None) -> Dict[str, Any]:
         hit = self.load(parts)
-        if hit is not None:
-            return _to(hit, device) if device is not None else hit
+        if hit is None:
+            with self._claim(parts):
+                hit = self.load(parts)   # another process may have stored it while we waited
+                if hit is None:
+                    return self._compute_and_save(parts, compute)
+        return _to(hit, device) if device is not None else hit
+
+    def _claim(self, parts: Dict[str, Any]):
+        """Only one process computes a missing entry; the others wait for it (then load it)."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        key = cache_key(parts)
+        return claim(self.path(key).with_suffix(".claim"), f"client-stage cache entry {key[:12]}")
+
+    def _compute_and_save(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
         self.misses += 1
         t0 = time.perf_counter()
         payload = compute()
         self.save(parts, _to(payload, torch.device("cpu")), seconds=time.perf_counter() - t0)
         return payload
+
+
+def _checked_part(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """What an entry's checksum covers: everything but the checksum itself."""
+    return {k: v for k, v in entry.items() if k != "sha256"}
 
 
 def _to(obj, device):
