@@ -167,11 +167,15 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     from fedbench.results.claims import claim
 
     out, run_id = Path(output_dir), compute_run_id(cfg)
-    if not cfg.get("force", False) and is_complete(out / "metrics.json", run_id,
-                                                  need_model=bool(cfg.get("save_model", False))):
+    if not cfg.get("force", False) and _finished_record(out / "metrics.json", run_id,
+                                                        bool(cfg.get("save_model", False)), launch_dir):
         return _execute(cfg, output_dir, launch_dir=launch_dir)   # the skip: no claim needed
-    with claim(out / ".claim", f"run {run_id}"):
-        return _execute(cfg, output_dir, launch_dir=launch_dir)
+    try:
+        with claim(out / ".claim", f"run {run_id}"):
+            return _execute(cfg, output_dir, launch_dir=launch_dir)
+    finally:   # a run rejected before writing anything leaves no empty folder behind
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None) -> Dict[str, Any]:
