@@ -132,6 +132,8 @@ def composition_error(exc: Exception, overrides: Sequence[str], conf_dir: Path =
 
 def _unknown_key(key: str, overrides: Sequence[str], conf_dir: Path) -> str:
     arg = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+    if key == "model.pretrained":
+        return f"{arg}: this model has no checkpoint key, so null is its default already; leave the override out"
     rest = [o for o in overrides if o != arg]
     parent, _, leaf = key.rpartition(".")
     known = ""
@@ -150,10 +152,11 @@ def _unknown_key(key: str, overrides: Sequence[str], conf_dir: Path) -> str:
 
 def allow_pretrained(overrides: Sequence[str]) -> List[str]:
     """``model.pretrained=<ckpt>`` works on every model: the key is added when the model's YAML lacks it
-    (``++``), so that the YAMLs, and with them the run ids of existing records, stay as they are."""
+    (``++``), so that the YAMLs, and with them the run ids of existing records, stay as they are. ``null`` is
+    not added (it would change the run id of a model without the key): there it is the default already."""
     out = []
     for arg in overrides:
-        key = arg.lstrip("+~").split("=", 1)[0]
-        out.append("++" + arg.lstrip("+") if key == "model.pretrained" and "=" in arg and not arg.startswith("~")
-                   else arg)
+        key, eq, value = arg.lstrip("+~").partition("=")
+        add = key == "model.pretrained" and eq and not arg.startswith("~") and value.strip() != "null"
+        out.append("++" + arg.lstrip("+") if add else arg)
     return out

@@ -89,7 +89,8 @@ def check_script_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) 
     fixed, sweeps = split_sweeps(allow_pretrained(overrides))
     run = combinations(fixed, {k: v[:1] for k, v in sweeps.items()})[0]
     cfg = compose_config(run, conf_dir, with_hydra=True)
-    validate_config(cfg, conf_dir, allow_missing=True)   # reproduce --allow-missing names missing methods itself
+    # reproduce --allow-missing names missing methods itself; a checkpoint is looked for when runs are planned
+    validate_config(cfg, conf_dir, allow_missing=True, need_checkpoint=False)
 
 
 def main_guard(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[List[str]]:

@@ -83,9 +83,10 @@ def _known(section: str, node: Mapping, known: Iterable[str]) -> None:
 
 
 def validate_config(cfg: DictConfig, conf_dir: Path = CONF_DIR, launch_dir: Optional[str] = None,
-                    allow_missing: bool = False) -> None:
+                    allow_missing: bool = False, need_checkpoint: bool = True) -> None:
     """Every check that needs neither data nor torch; ``cfg`` may carry its ``hydra`` node (group choices).
-    ``allow_missing``: aggregators naming methods not implemented yet pass (the scripts list and drop them)."""
+    ``allow_missing``: aggregators naming methods not implemented yet pass (the scripts list and drop them);
+    ``need_checkpoint=False``: a ``model.pretrained`` file need not exist yet (collecting, plotting)."""
     try:
         c = {k: (OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k])
              for k in cfg if k != "hydra"}
@@ -103,9 +104,9 @@ def validate_config(cfg: DictConfig, conf_dir: Path = CONF_DIR, launch_dir: Opti
     for group in ("dataset", "partition", "model", "algorithm"):
         check_group(group, c.get(group), choices.get(group), conf_dir)
     check_normalize(c["dataset"].get("normalize", True))
-    if c["model"].get("pretrained") is not None:
-        check_checkpoint_path(_absolute(str(c["model"]["pretrained"]), launch_dir)
-                              if isinstance(c["model"]["pretrained"], str) else c["model"]["pretrained"])
+    ckpt = c["model"].get("pretrained")
+    if ckpt is not None and (need_checkpoint or not isinstance(ckpt, str)):
+        check_checkpoint_path(_absolute(ckpt, launch_dir) if isinstance(ckpt, str) else ckpt)
     check_aggregators(c.get("aggregators"), conf_dir, allow_missing)
     table_profile(c.get("table"), c.get("profile"))
 
