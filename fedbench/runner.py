@@ -385,7 +385,7 @@ def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, laun
         return [execute(cfg, output_dir, launch_dir=launch_dir)]
     subs = expand_aggregators(cfg, conf_dir)
     for sub in subs:   # reject every bad entry before training any of them
-        validate(sub, launch_dir)
+        validate(sub)
     root = Path(_abs(cfg.paths.output_root, launch_dir)) / "runs"
     records = [execute(sub, root / compute_run_id(sub), launch_dir=launch_dir) for sub in subs]
     write_json_atomic(Path(output_dir) / "aggregators.json",

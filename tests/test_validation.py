@@ -90,6 +90,17 @@ def test_run_profile_quick_composes_the_quick_settings():
     assert OmegaConf.to_container(quick.aggregators)[0] == {"name": "fedlpa", "solver": "cg"}
 
 
+def test_run_py_applies_the_profile(tmp_path):
+    """The real entry point: run.py's __main__ hands the quick settings to Hydra (shown with --cfg job)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDBENCH_OUTPUTS": str(tmp_path / "out")}
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "experiment=fedlpa/table6", "profile=quick",
+                          "--cfg", "job"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    cfg = OmegaConf.create(out.stdout)
+    assert cfg.local.epochs == 2 and cfg.profile == "quick" and cfg.aggregators[0] == {"name": "fedlpa", "solver": "cg"}
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_profile_keeps_what_the_command_line_fixes():
     cfg = _compose_argv(preflight(["experiment=fedlpa/table6", "profile=quick", "local.epochs=5", "seed=3"]))
     assert cfg.local.epochs == 5 and cfg.seed == 3

@@ -20,11 +20,11 @@ MAX_COMBINATIONS = 64   # beyond this, each sweep value is checked once (with th
 def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
     """The argv to hand to Hydra: the overrides (``model.pretrained`` made addable) plus the profile's settings.
     Raises ``FedbenchError`` for any bad input. Other Hydra flags (``--help``, ``--cfg job``) pass unchecked."""
-    argv = list(argv)
-    if any(a.startswith("-") and a not in MULTIRUN for a in argv):
+    argv, flags = _split_flags(list(argv))
+    if flags is None:
         return argv
-    multirun = any(a in MULTIRUN for a in argv)
-    overrides = allow_pretrained([a for a in argv if a not in MULTIRUN])
+    multirun = any(a in MULTIRUN for a in flags)
+    overrides = allow_pretrained(argv)
     fixed, sweeps = split_sweeps(overrides)
     if sweeps and not multirun:
         key, values = next(iter(sweeps.items()))
@@ -36,7 +36,27 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
         raise FedbenchError("profile= with a swept experiment gives each preset other settings; "
                             "sweep presets with scripts/reproduce.py instead")
     extra = list(extras.pop()) if extras else []
-    return ([a for a in argv if a in MULTIRUN][:1]) + overrides + extra
+    return flags + overrides + extra
+
+
+def _split_flags(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
+    """(overrides, flags) with -m, --resolve and --cfg job|hydra|all taken out; flags None (nothing checked)
+    for any other Hydra flag (--help, --config-name ...), whose values could be mistaken for overrides."""
+    overrides, flags = [], []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in MULTIRUN or a == "--resolve":
+            flags.append(a)
+        elif a in ("--cfg", "-c") and i + 1 < len(argv) and argv[i + 1] in ("job", "hydra", "all"):
+            flags += [a, argv[i + 1]]
+            i += 1
+        elif a.startswith("-"):
+            return argv, None
+        else:
+            overrides.append(a)
+        i += 1
+    return overrides, flags
 
 
 def split_sweeps(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:

@@ -349,8 +349,8 @@ def check_aggregators(aggs: Any, conf_dir: Path, allow_missing: bool = False) ->
         if default is None and allow_missing:
             continue
         if default is None:
-            _fail("aggregators", name, "a list of implemented algorithms (conf/algorithm/<name>.yaml): "
-                  + ", ".join(options))
+            raise FedbenchError(f"aggregators: algorithm '{name}' is not implemented yet (no conf/algorithm/"
+                                f"{name}.yaml); available: {', '.join(options)}")
         if isinstance(entry, Mapping):
             label = f"aggregators entry '{name}'"
             extra = {k: v for k, v in entry.items() if k != "name"}
