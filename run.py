@@ -6,36 +6,17 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from fedbench.errors import FedbenchError
-from fedbench.results.records import compute_run_id
+from fedbench.config.compose import register_resolvers
+from fedbench.config.preflight import main_guard
 
 
-def _run_id(*, _root_):
-    return compute_run_id(_root_)
-
-
-OmegaConf.register_new_resolver("fedbench_run_id", _run_id, replace=True)
+register_resolvers()   # fedbench_run_id (the run directory), fedbench_hydra_subdir (Hydra's saved files)
 
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
-GROUPS = ("dataset", "partition", "model", "algorithm", "hardware", "logger", "experiment")
-
-
-def check_group_overrides(argv) -> None:
-    """Unknown group options end in one line here, instead of Hydra's multi-line composition error."""
-    for arg in argv:
-        key, eq, value = arg.lstrip("+~").partition("=")
-        if not eq or key not in GROUPS or value in ("null", "") or "(" in value:
-            continue
-        options = sorted(str(p.relative_to(CONF_DIR / key).with_suffix("")) for p in (CONF_DIR / key).rglob("*.yaml"))
-        for v in value.split(","):
-            v = v.strip().strip("[]")
-            if v and v not in options:
-                hint = ", ".join(options) if len(options) <= 40 else f"{len(options)} presets under conf/{key}/"
-                print(f"fedbench: error: unknown {key} '{v}'; choose one of: {hint}", file=sys.stderr)
-                sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -52,5 +33,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    check_group_overrides(sys.argv[1:])
+    # validate (and apply profile=) before @hydra.main makes the run directory: bad input leaves nothing on disk
+    sys.argv[1:] = main_guard(sys.argv[1:], CONF_DIR)
     main()

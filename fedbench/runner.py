@@ -74,37 +74,22 @@ def _group(cfg: DictConfig, key: str) -> Dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Every check that needs no data: names, ranges, combinations. Raises one-line FedbenchError."""
+def validate(cfg: DictConfig, launch_dir: Optional[str] = None) -> None:
+    """Every check that needs no data: the torch-free pass (fedbench/config/validate.py: types, ranges, group
+    keys, devices, paths, profiles), then the registries and the CUDA devices torch sees. One-line FedbenchError."""
     from fedbench.algorithms import ALGORITHMS
+    from fedbench.config.validate import validate_config
     from fedbench.data import DATASETS
     from fedbench.models import MODELS
     from fedbench.partition import PARTITIONS
-    from fedbench.train.config import LocalTrainConfig
 
+    validate_config(cfg, launch_dir=launch_dir)
     DATASETS.get(_group(cfg, "dataset")["name"])
     pname = _group(cfg, "partition")["name"]
     if not pname.startswith("noniid-#label"):
         PARTITIONS.get(pname)
     MODELS.get(_group(cfg, "model")["name"])
     ALGORITHMS.get(_group(cfg, "algorithm")["name"])
-    for key in ("seed", "num_clients", "rounds"):
-        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool):
-            raise FedbenchError(f"{key} must be an integer, got {cfg.get(key)!r}")
-    if cfg.num_clients < 1:
-        raise FedbenchError(f"num_clients must be >= 1, got {cfg.num_clients}")
-    if cfg.rounds < 1:
-        raise FedbenchError(f"rounds must be >= 1 (a one-shot method is rounds=1), got {cfg.rounds}")
-    if cfg.eval.every < 1:
-        raise FedbenchError(f"eval.every must be >= 1, got {cfg.eval.every}")
-    LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
-    if cfg.get("server_val") is not None:
-        from fedbench.fl.server_data import ServerValConfig
-        ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True))
-    if cfg.get("server_unlabeled") is not None:
-        from fedbench.fl.server_data import ServerUnlabeledConfig
-        ServerUnlabeledConfig.from_cfg(OmegaConf.to_container(cfg.server_unlabeled, resolve=True))
-    normalization(_group(cfg, "dataset").get("normalize", True), None)
     resolve_backend(cfg.hardware.backend, resolve_device(cfg.hardware.device))
 
 
@@ -198,6 +183,8 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
     rec_path = out / "metrics.json"
     run_id = compute_run_id(cfg)
     save_model = bool(cfg.get("save_model", False))
+    # ---- everything that can be rejected is rejected here, before the skip check and any training --------
+    validate(cfg, launch_dir)
     done = _finished_record(rec_path, run_id, save_model, launch_dir) if not cfg.get("force", False) else None
     if done is not None:
         print(f"fedbench: run {run_id} already has an ok record at {done}; skipped (force=true reruns it)")
@@ -205,8 +192,6 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
         rec["skipped"] = True
         return rec
 
-    # ---- everything that can be rejected is rejected here, before any training -------------
-    validate(cfg)
     dcfg, pcfg, mcfg, acfg = (_group(cfg, k) for k in ("dataset", "partition", "model", "algorithm"))
     local = LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
     device = resolve_device(cfg.hardware.device)

@@ -27,6 +27,12 @@ def main(argv=None) -> int:
                     "table.figure.metric, else accuracy)")
     ap.add_argument("--out", default=str(Path("results") / "figures"))
     args = ap.parse_args(argv)
+    try:
+        from fedbench.config.preflight import check_script_overrides
+        check_script_overrides(args.overrides)   # bad overrides: one line, before pandas or torch is imported
+    except FedbenchError as e:
+        print(f"fedbench: error: {e}", file=sys.stderr)
+        return 2
     from fedbench.results.figures import plot_table
     from fedbench.results.fola_figures import plot_preset_figures
     try:   # presets naming their plots (table.plots: FOLA Figs. 3-12) get those instead

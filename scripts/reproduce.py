@@ -38,11 +38,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.all:
         return regenerate_all()
-    from fedbench.launch.sweep import missing_methods, plan, run_job
-    from fedbench.results.tables import check_table_suffix, collect, preset_meta
     from pathlib import Path
 
     try:
+        from fedbench.config.preflight import check_script_overrides
+        check_script_overrides(args.overrides)   # bad overrides: one line, before pandas or torch is imported
+        from fedbench.launch.sweep import missing_methods, plan, run_job
+        from fedbench.results.tables import check_table_suffix, collect, preset_meta
         check_table_suffix(args.name)   # a bad --name fails before any training
         from fedbench.studies.presets import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py

@@ -243,7 +243,7 @@ def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     rounds = pd.read_csv(run["dir"] / "rounds.csv")
     assert len(rounds) == 2 * 7 and rounds["global_accuracy"].between(0, 1).all()
     assert len(pd.read_csv(run["dir"] / "sweep.csv")) == 2 * 5 * 7
-    assert torch.load(run["dir"] / "heatmap_full_online.pt").shape == (20, 20)
+    assert torch.load(run["dir"] / "heatmap_full_online.pt", weights_only=True).shape == (20, 20)
     assert p10.name == "fola_figure10_quick.png" and len(_png(p10)) == 70
     ovs11 = ["experiment=fola/figure11"] + ovs[1:]
     (p11,) = reproduce_study(ovs11, str(tmp_path))          # the same run: skipped, only plotted

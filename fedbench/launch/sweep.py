@@ -9,32 +9,23 @@ and returns as soon as the array is queued.
 from __future__ import annotations
 
 import itertools
-import re
 import os
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from hydra import compose, initialize_config_dir
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from fedbench.config import CONF_DIR
+from fedbench.config.compose import allow_pretrained, compose_config, parse_overrides
+from fedbench.config.profiles import quote_value, set_overrides, table_profile
+from fedbench.config.validate import validate_config
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id, find_record_dir
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def _register_resolver() -> None:
-    from fedbench.results.records import compute_run_id as _cid
-
-    if not OmegaConf.has_resolver("fedbench_run_id"):
-        OmegaConf.register_new_resolver("fedbench_run_id", lambda *, _root_: _cid(_root_))
-
 
 def _split(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
-    parser = OverridesParser.create()
     fixed, sweeps = [], {}
-    for ov in parser.parse_overrides(list(overrides)):
+    for ov in parse_overrides(allow_pretrained(overrides)):
         if ov.is_sweep_override():
             sweeps[ov.get_key_element()] = list(ov.sweep_string_iterator())
         else:
@@ -42,15 +33,7 @@ def _split(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
     return fixed, sweeps
 
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_.\-/:+]*$")
-
-
-def _q(value: str) -> str:
-    """Quote an override value that Hydra's grammar would otherwise split (e.g. 'beta=0.05', '#C=2')."""
-    v = str(value)
-    if v.startswith("[") and v.endswith("]"):   # a list value (a block's aggregators) stays a list
-        return v
-    return v if _PLAIN.match(v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+_q = quote_value
 
 
 def _same(a: str, b: str) -> bool:
@@ -79,12 +62,10 @@ def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[Li
     ``hydra.sweeper.params``; CLI sweeps (``seed=0,1,2``) replace an axis and a fixed CLI override
     (``dataset=fmnist``) removes it, which is how a table is restricted to one data set.
     """
-    _register_resolver()
     fixed, sweeps = _split(overrides)
     fixed_values = {f.split("=", 1)[0].lstrip("+~"): f.split("=", 1)[1] if "=" in f else "" for f in fixed}
     fixed_keys = set(fixed_values)
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        base = compose("config", overrides=fixed, return_hydra_config=True)
+    base = compose_config(fixed, conf_dir, with_hydra=True)
     blocks: List[Dict] = [{}]
     profile_sweep: Dict = {}
     profile_set: List[str] = []
@@ -92,15 +73,11 @@ def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[Li
     if table:
         t = OmegaConf.to_container(table, resolve=False)
         blocks = t.get("sweeps") or [{}]
-        profile = base.get("profile") or "paper"
-        profiles = t.get("profiles") or {}
-        if profile not in profiles:
-            raise FedbenchError(f"preset {t.get('paper')}/{t.get('id')} has no profile '{profile}'; "
-                                f"choose one of: {', '.join(profiles) or '(none)'}")
-        prof = profiles[profile] or {}
+        prof = table_profile(t, base.get("profile"))
         profile_sweep = prof.get("sweep") or {}
-        profile_set = [f"{k}={_q(v)}" for k, v in (prof.get("set") or {}).items() if k not in fixed_keys]
+        profile_set = set_overrides(prof, fixed_keys)
     else:
+        table_profile(None, base.get("profile"))   # profile= without a preset table is an error
         params = base.hydra.sweeper.get("params")
         blocks = [OmegaConf.to_container(params, resolve=False)] if params else [{}]
     runs: List[List[str]] = []
@@ -131,9 +108,7 @@ def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[Li
 
 
 def compose_run(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> DictConfig:
-    _register_resolver()
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose_config(overrides, conf_dir)
 
 
 def run_dir(cfg: DictConfig, launch_dir: str) -> Path:
@@ -166,13 +141,14 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
     """
     todo, done = [], []
     for ovs in expand_sweep(overrides):
-        cfg = compose_run(ovs)
+        cfg = compose_config(ovs, with_hydra=True)   # the hydra node names the group choices for validation
+        if cfg.get("aggregators") and allow_missing:
+            ovs = ovs + [f"aggregators={_present_aggregators(cfg)}"]
+            cfg = compose_config(ovs, with_hydra=True)
+        validate_config(cfg, launch_dir=launch_dir, allow_missing=allow_missing)   # every run of the sweep, before any is submitted or run
         if cfg.get("aggregators"):
             from fedbench.runner import expand_aggregators
 
-            if allow_missing:
-                ovs = ovs + [f"aggregators={_present_aggregators(cfg)}"]
-                cfg = compose_run(ovs)
             subs = expand_aggregators(cfg, CONF_DIR)
             finished = all(_finished(s, launch_dir) for s in subs)
         else:

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping
 import torch
 import torch.nn as nn
 
+from fedbench.config.validate import check_checkpoint_path  # noqa: F401  (torch-free, re-exported)
 from fedbench.errors import FedbenchError
 
 
@@ -34,14 +35,6 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def check_checkpoint_path(path: Any) -> Path:
-    if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise FedbenchError(f"model.pretrained must be a checkpoint path or null, got {path!r}")
-    p = Path(os.path.expanduser(str(path)))
-    if not p.is_file():
-        raise FedbenchError(f"model.pretrained: no checkpoint at {p}; make one with scripts/pretrain_tiny_imagenet.py "
-                            f"(FedFisher Table 3) or set model.pretrained=null for a random initialisation")
-    return p
 
 
 def read_state_dict(path: str | Path) -> Dict[str, torch.Tensor]:

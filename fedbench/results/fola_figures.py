@@ -527,7 +527,8 @@ def _plot_study(kind: str, overrides: Sequence[str], output_root: Path, path: Pa
     rounds = pd.read_csv(folder / "rounds.csv")
     if kind == "fola_fig11":
         return plot_fig11(rounds, path, title)
-    heat = {p.stem[len("heatmap_"):]: torch.load(p) for p in sorted(folder.glob("heatmap_*.pt"))}
+    heat = {p.stem[len("heatmap_"):]: torch.load(p, map_location="cpu", weights_only=True)
+            for p in sorted(folder.glob("heatmap_*.pt"))}
     return plot_fig10(rounds, pd.read_csv(folder / "sweep.csv"), heat, path, title)
 
 

@@ -1,0 +1,162 @@
+"""Compose a config with Hydra's compose API; every composition or override-grammar error becomes one
+``FedbenchError`` line naming the override, the problem and what is allowed."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedbench.config import CONF_DIR
+from fedbench.errors import FedbenchError
+
+GROUPS = ("dataset", "partition", "model", "algorithm", "hardware", "logger", "experiment", "local")
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def register_resolvers() -> None:
+    """``fedbench_run_id`` (the run directory) and ``fedbench_hydra_subdir`` (where Hydra saves its files)."""
+    from fedbench.results.records import compute_run_id
+
+    if not OmegaConf.has_resolver("fedbench_run_id"):
+        OmegaConf.register_new_resolver("fedbench_run_id", lambda *, _root_: compute_run_id(_root_))
+    if not OmegaConf.has_resolver("fedbench_hydra_subdir"):
+        OmegaConf.register_new_resolver("fedbench_hydra_subdir", hydra_subdir)
+
+
+def hydra_subdir(*, _root_) -> Optional[str]:
+    """``.hydra``, or null when this run already has an ok record that will be skipped: Hydra must not
+    rewrite that record's ``.hydra/overrides.yaml`` with the overrides of a run that does nothing."""
+    from fedbench.results.records import compute_run_id, is_complete
+
+    if _root_.get("force"):
+        return ".hydra"
+    root = Path(str(_root_.paths.output_root))
+    rec = root / "runs" / compute_run_id(_root_) / "metrics.json"
+    return None if is_complete(rec, compute_run_id(_root_), need_model=bool(_root_.get("save_model"))) else ".hydra"
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> List[str]:
+    folder = conf_dir / group
+    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml")) if folder.is_dir() else []
+
+
+def _options_hint(group: str, conf_dir: Path) -> str:
+    options = group_options(group, conf_dir)
+    if not options:
+        return f"no options exist under conf/{group}/"
+    if len(options) > 40:
+        return f"choose one of the {len(options)} presets under conf/{group}/ (listed in conf/{group}/README.md)"
+    return "choose one of: " + ", ".join(options)
+
+
+def check_group_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """An unknown group option (``dataset=foo``, ``experiment=x/y``) is one line, not Hydra's listing."""
+    for arg in overrides:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq or key not in GROUPS or value in ("null", "") or "(" in value:
+            continue
+        options = group_options(key, conf_dir)
+        for v in value.split(","):
+            v = v.strip().strip("[]").strip("'\"")
+            if v and v not in options:
+                raise FedbenchError(f"unknown {key} '{v}' (in {arg}); {_options_hint(key, conf_dir)}")
+
+
+def parse_overrides(overrides: Sequence[str]) -> list:
+    """Hydra's parsed overrides; a malformed one ends in one line naming it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in overrides:
+        try:
+            if arg.startswith("="):
+                raise ValueError(arg)
+            parsed.extend(parser.parse_overrides([arg]))
+        except Exception as e:   # OverrideParseException, or ValueError for '=3'
+            raise FedbenchError(_parse_error(arg, e)) from None
+    return parsed
+
+
+def _parse_error(arg: str, exc: Exception) -> str:
+    if arg.startswith("="):
+        return f"override '{arg}' has no key; write key=value (e.g. seed=1)"
+    if "=" not in arg:
+        return (f"override '{arg}' is not key=value (e.g. seed=1, dataset=mnist, local.lr=0.1); "
+                f"a preset is experiment=<paper>/<table>")
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = re.sub(r"^(Error parsing override '.*'|LexerNoViableAltException: .*)$", "", detail).strip()
+    why = f": {detail}" if detail else ""
+    return (f"cannot parse override '{arg}'{why}; quote strings ('a b'), close lists [1,2] and mappings {{a:1}} "
+            f"({GRAMMAR})")
+
+
+def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, *, with_hydra: bool = False) -> DictConfig:
+    """``compose('config', overrides)``; ``with_hydra`` keeps the ``hydra`` node (group choices, sweeper)."""
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    overrides = allow_pretrained(overrides)
+    check_group_overrides(overrides, conf_dir)
+    parse_overrides(overrides)
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            return compose("config", overrides=overrides, return_hydra_config=with_hydra)
+    except FedbenchError:
+        raise
+    except Exception as e:
+        raise FedbenchError(composition_error(e, overrides, conf_dir)) from None
+
+
+def composition_error(exc: Exception, overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> str:
+    """One line for Hydra's multi-line composition errors."""
+    text = str(exc)
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        return _unknown_key(m.group(1), overrides, conf_dir)
+    m = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if m:
+        key = m.group(1).split("=", 1)[0]
+        return (f"'{m.group(1)}' is a sweep: add -m to run each value (python run.py -m {m.group(1)}), "
+                f"or give one value; a list value is written {key}=[a,b]")
+    m = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    if m:
+        return f"unknown {m.group(1)} '{m.group(2)}'; {_options_hint(m.group(1), conf_dir)}"
+    m = re.search(r"Could not (?:delete|find) '?([\w.]+)'?", text) or re.search(r"full_key: ([\w.]+)", text)
+    first = " ".join(line.strip() for line in text.splitlines()[:1]) or type(exc).__name__
+    where = f" (key {m.group(1)})" if m else ""
+    return f"cannot compose the config{where}: {first}"
+
+
+def _unknown_key(key: str, overrides: Sequence[str], conf_dir: Path) -> str:
+    arg = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+    if key == "model.pretrained":
+        return f"{arg}: this model has no checkpoint key, so null is its default already; leave the override out"
+    rest = [o for o in overrides if o != arg]
+    parent, _, leaf = key.rpartition(".")
+    known = ""
+    try:
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose("config", overrides=rest)
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if isinstance(node, DictConfig):
+            known = "; known keys" + (f" under {parent}" if parent else "") + ": " + ", ".join(str(k) for k in node)
+    except Exception:
+        pass
+    return f"unknown config key '{key}' (in {arg}){known}"
+
+
+def allow_pretrained(overrides: Sequence[str]) -> List[str]:
+    """``model.pretrained=<ckpt>`` works on every model: the key is added when the model's YAML lacks it
+    (``++``), so that the YAMLs, and with them the run ids of existing records, stay as they are. ``null`` is
+    not added (it would change the run id of a model without the key): there it is the default already."""
+    out = []
+    for arg in overrides:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        add = key == "model.pretrained" and eq and not arg.startswith("~") and value.strip() != "null"
+        out.append("++" + arg.lstrip("+") if add else arg)
+    return out
