@@ -11,7 +11,7 @@ are expanded as the runner does, and every distinct (method config, model config
 * for the first config of each (method, model, input shape), one full round runs on the narrow copy with tiny
   synthetic data: 2 clients x 6 samples, one local step, the method's client messages (curvature, Gram matrices,
   ...), its server step and the evaluation. Iteration budgets (server steps, distillation epochs, generator sizes,
-  members) are capped by ``CHEAP``; every switch that selects a code path stays as the preset sets it. The other
+  members) are capped by ``CHEAP``, classes at 10; every switch that selects a code path stays as the preset sets it. The other
   configs of a pair (variants in a switch or an integer, e.g. FedBEns' Laplace kinds) are built only.
 
 Rounds on the full-width models (ResNet-18: minutes of K-FAC / RegMean / DENSE on a CPU; the FedMA CNN: seconds per
@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from fedbench.algorithms import build_algorithm
 from fedbench.data.images import SHAPES
+from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.models import MODELS, build_model
@@ -50,6 +51,9 @@ CHEAP = {"steps": 2, "eval_every": 1, "server_steps": 2, "val_every": 1, "server
          "ngf": 4, "batch_size": 4, "num_samples": 2, "distill_epochs": 1, "distill_batch_size": 4, "adv_steps": 1,
          "iterations": 1, "gram_max_samples": 16, "curvature_batch_size": 4, "members": 2}
 CLIENTS, PER_CLIENT, HELD = 2, 6, 4
+# presets that name a method their config cannot run, left for the lead to fix (strict: a fix makes this fail)
+KNOWN_BROKEN = {"fedov-simple_cnn-3x32x32-10": "fedlpa/table12 lists fedov without server_unlabeled (fedov refuses "
+                                                "to build: it distils on unlabelled server data)"}
 
 
 def _data_spec(dcfg):
@@ -175,7 +179,12 @@ def _round_runs(key):
     return key == min((k for k in combos() if _id(k) == _id(key)), key=lambda k: k)
 
 
-@pytest.mark.parametrize("key", sorted(combos(), key=_id), ids=_id)
+def _params():
+    return [pytest.param(k, marks=pytest.mark.xfail(raises=FedbenchError, strict=True, reason=KNOWN_BROKEN[_id(k)]))
+            if _id(k) in KNOWN_BROKEN else k for k in sorted(combos(), key=_id)]
+
+
+@pytest.mark.parametrize("key", _params(), ids=_id)
 def test_method_runs_on_the_presets_model(key):
     acfg, mcfg, (shape, k, task), held = json.loads(key)
     per_client = acfg.get("members_per_client")   # a per-client list fixes the number of clients
@@ -183,6 +192,7 @@ def test_method_runs_on_the_presets_model(key):
     model = _real_model(json.dumps(mcfg, sort_keys=True), tuple(shape), k)
     # the preset's model as the runner builds it: a method that does not support it refuses here, in one line
     build_algorithm(acfg, _setup(model, shape, k, task, held, mcfg, clients))
+    k = min(k, 10)   # GGN / true-Fisher curvature costs one backward pass per class: CIFAR-100's 100 are not needed
     model = _narrow(mcfg, shape, k)
     setup = _setup(model, shape, k, task, held, mcfg, clients)
     algo = build_algorithm(acfg, setup)   # acfg's budgets are capped by CHEAP already
