@@ -313,3 +313,129 @@ def test_pfnm_released_prior_slot_moves_mu0_to_first_input_column():
     exp[L2.bias] = J * B[L2.bias] / (J + 1)
     for n in exp:
         torch.testing.assert_close(out[n], exp[n])
+
+
+# ------------------------------------------------------------------------------------------------
+# OTFusion on residual networks (FedFisher Table 3, FedBEns Table 9)
+# ------------------------------------------------------------------------------------------------
+def _tiny_resnet(seed=0, head=(), head_names=None):
+    from fedbench.models.resnet import ResNet18NoBN
+
+    torch.manual_seed(seed)
+    return ResNet18NoBN((3, 32, 32), 5, stem="mod7", head=head, head_names=head_names, blocks=(2, 1, 2, 1),
+                        widths=(4, 6, 6, 8)).double()
+
+
+def _permute_spaces(params, layers, seed):
+    """``params`` with every transport space's units permuted (the output space too); outputs then permute."""
+    g = torch.Generator().manual_seed(seed)
+    spaces = {L.out_space: L.out_units for L in layers}
+    perm = {s: torch.randperm(n, generator=g) for s, n in spaces.items()}
+    out = dict(params)
+    for L in layers:
+        W = rows(params[L.weight], L)[perm[L.out_space]]
+        if L.in_space is not None:
+            W = W[:, perm[L.in_space]]
+        out[L.weight] = W.reshape(L.shape)
+    return out, perm[layers[-1].out_space]
+
+
+def rows(W, L):
+    return O.rows(W, L)
+
+
+def test_resnet_layout_ties_the_residual_streams():
+    layers = O.fusion_layers(_tiny_resnet(), "otfusion", "tiny")
+    by = {L.module: L for L in layers}
+    # identity shortcut: conv2 writes the block input's space and inherits its transport
+    assert by["layer1.0.conv2"].out_space == by["conv1"].out_space == by["layer2.0.conv1"].in_space
+    assert not by["layer1.0.conv2"].solves and not by["layer1.1.conv2"].solves
+    # downsampling block: conv2 and the 1x1 shortcut write one new space, the shortcut reads the block input's
+    assert by["layer2.0.conv2"].out_space == by["layer2.0.shortcut.0"].out_space != by["conv1"].out_space
+    assert by["layer2.0.shortcut.0"].in_space == by["conv1"].out_space
+    assert by["layer2.0.conv2"].solves and by["layer2.0.shortcut.0"].solves
+    assert by["linear"].in_space == by["layer4.0.conv2"].out_space and by["linear"].block == 1
+    assert len({L.out_space for L in layers}) == 1 + 6 + 3 + 1   # stem, 6 conv1s, 3 downsampling streams, head
+
+
+@pytest.mark.parametrize("head,names", [((), None), ((7, 6), ("fc", "linear", "final"))])
+def test_resnet_hard_plan_permutation_keeps_the_function(head, names):
+    """(a) a model permuted by the plans found against another model computes the same function (eps = 0 and
+    correction: the plans are exact permutation matrices); the plans do move units."""
+    A = _tiny_resnet(seed=1, head=head, head_names=names)
+    B = _tiny_resnet(seed=2, head=head, head_names=names)
+    layers = O.fusion_layers(A, "otfusion")
+    pa, pb = _params(A), _params(B)
+    stats = {}
+    moved = O.align_to(pa, pb, layers, correction=True, past_correction=True, eps=0.0, align_last=False, stats=stats)
+    assert stats["moved"] > 0
+    assert any(not torch.equal(moved[n], pa[n]) for n in pa)
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    torch.testing.assert_close(_f(A, moved, x), _f(A, pa, x), rtol=1e-5, atol=1e-5)
+    # the ties are what keeps it: a block's conv2 solving its own plan instead of inheriting the stream's breaks it
+    broken = [L if L.module != "layer1.0.conv2" else O.Layer(**{**L.__dict__, "out_space": 99, "solves": True})
+              for L in layers]
+    bad = O.align_to(pa, pb, broken, correction=True, past_correction=True, eps=0.0, align_last=False)
+    ref = _f(A, pa, x)
+    assert (_f(A, bad, x) - ref).abs().max() > 1e-2 * ref.abs().max()
+
+
+def test_resnet_fusing_a_permuted_copy_gives_back_the_model():
+    """(b) pivot B and a copy with every space permuted (a different function only up to the class order): the
+    aligned copy is B (weights), and the fused model computes B's function."""
+    model = _tiny_resnet(seed=3)
+    layers = O.fusion_layers(model, "otfusion")
+    B = _params(model)
+    A, class_perm = _permute_spaces(B, layers, seed=7)
+    x = torch.randn(4, 3, 32, 32, dtype=torch.float64)
+    torch.testing.assert_close(_f(model, A, x), _f(model, B, x)[:, class_perm])   # the test's permutation is exact
+    aligned = O.align_to(A, B, layers, correction=True, past_correction=True, eps=0.0, align_last=True)
+    for n in B:
+        torch.testing.assert_close(aligned[n], B[n], rtol=1e-12, atol=1e-12)
+    fused = O.otfusion([B, A], [0.4, 0.6], layers, correction=True, past_correction=True, align_last=True)
+    torch.testing.assert_close(_f(model, fused, x), _f(model, B, x), rtol=1e-5, atol=1e-5 * float(_f(model, B, x).abs().max()))
+
+
+def _real_resnet_fusion(name, cfg):
+    torch.manual_seed(0)
+    model = build_model(name, input_shape=(3, 32, 32), num_classes=10)
+    setup = _setup(model, sizes=(3, 3), num_classes=10, shape=(3, 32, 32))
+    setup.stage_parts = {"model": {"name": name}}
+    algo = ALGORITHMS.get("otfusion")(cfg, setup)
+    B = {n: p.detach().clone() for n, p in model.named_parameters()}
+    A, _ = _permute_spaces(B, algo.layers, seed=1)
+    state = algo.aggregate([Message(0, 3, {"params": B}), Message(1, 3, {"params": A})], {"params": B}, 1)
+    x = setup.server_val[0][:2]
+    return state, torch.func.functional_call(model, state["params"], (x,)), torch.func.functional_call(model, B, (x,))
+
+
+def test_otfusion_real_resnet18_end_to_end():
+    """The registered resnet18_mod (FedFisher Table 3) through the algorithm on tiny synthetic data: two clients, one
+    a copy of the pivot with every space permuted; the released flags give back the pivot's function."""
+    state, out, ref = _real_resnet_fusion("resnet18_mod", {"align_last_layer": True, "correction": True,
+                                                           "past_correction": True})
+    assert 0.9 < state["extra_metrics"]["units_moved_fraction"] <= 1    # (nearly) every unit was moved back
+    assert out.shape == (2, 10)
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
+
+
+@pytest.mark.slow
+def test_otfusion_real_resnet18_nobn_validation_grid():
+    """resnet18_nobn (FedBEns Table 9) with the 4-setting validation grid (4 fusions of 11M weights: ~1 min on CPU)."""
+    state, out, ref = _real_resnet_fusion("resnet18_nobn", {"align_last_layer": True})
+    assert len(state["otfusion_trace"]) == 4 and torch.isfinite(out).all()
+    if state["otfusion_choice"] == {"correction": True, "past_correction": True}:
+        torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["resnet18_nobn", "resnet18_mod", "resnet18_tiny"])
+def test_pfnm_refuses_resnets_in_one_line_naming_the_model(name):
+    torch.manual_seed(0)
+    model = build_model(name, input_shape=(3, 32, 32), num_classes=10)
+    setup = _setup(model, sizes=(2, 2), num_classes=10, shape=(3, 32, 32))
+    setup.stage_parts = {"model": {"name": name}}
+    with pytest.raises(FedbenchError) as e:
+        ALGORITHMS.get("pfnm")({}, setup)
+    msg = str(e.value)
+    assert "\n" not in msg and f"pfnm on model '{name}'" in msg and "skip connections" in msg and "lenet" in msg
+    ALGORITHMS.get("otfusion")({}, setup)   # OTFusion takes the same model

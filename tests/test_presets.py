@@ -171,3 +171,30 @@ def test_shared_settings_share_run_ids():
     assert ids("fedbens/table8", ["dataset=svhn"]) <= ids("fedbens/table5", ["dataset=svhn"])
     t1 = ids("fedlpa/table1", ["dataset=fmnist"])
     assert len(ids("fedlpa/table3", []) & t1) == P9                          # lambda = 0.001 column = Table 1
+
+
+def _readme_presets():
+    """The presets named in conf/experiment/README.md's table (its Preset column: `paper/id`, then `id` shorthands
+    of the same paper)."""
+    import re
+
+    named = set()
+    for line in (CONF_DIR / "experiment" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 4 or not cells[2].startswith("`"):
+            continue
+        paper = None
+        for tok in re.findall(r"`([^`]+)`", cells[2]):
+            if "/" in tok:
+                paper = tok.split("/")[0]
+                named.add(tok)
+            else:
+                assert paper, f"README row names {tok!r} before any paper/id"
+                named.add(f"{paper}/{tok}")
+    return named
+
+
+def test_readme_lists_exactly_the_presets():
+    named = _readme_presets()
+    assert named - set(PRESETS) == set(), f"README names presets that do not exist: {sorted(named - set(PRESETS))}"
+    assert set(PRESETS) - named == set(), f"presets missing from README: {sorted(set(PRESETS) - named)}"

@@ -27,7 +27,9 @@ returned params have the global widths under the template's parameter names; eva
 ``torch.func.functional_call`` on the template, whose Linear / Conv2d / pooling / flatten forward
 passes take their shapes from the tensors, so no wider model has to be built (test_matching checks
 this against a freshly built wide model). Supported: chains of Linear / Conv2d (the MLPs with ≥ 1
-hidden layer, lenet, fedma_cnn, simple_cnn); FedFisher ran it on LeNet and the CNN only.
+hidden layer, lenet, fedma_cnn, simple_cnn); FedFisher ran it on LeNet and the CNN only. Residual nets (the
+ResNet-18s) are refused at construction, in one line naming the model: PFNM's matched layers grow wider than the
+clients', which a residual sum cannot take without matching the streams jointly, and no paper runs it there.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from torch import Tensor
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                         integer as cfg_int, number as cfg_num)
-from fedbench.algorithms.otfusion import Layer, layer_chain
+from fedbench.algorithms.otfusion import Layer, layer_chain, model_name
 from fedbench.errors import FedbenchError
 
 Params = Dict[str, Tensor]
@@ -208,7 +210,8 @@ class PFNM(Algorithm):
         self.cap = cfg_int(c, "max_global", 700, minimum=1)
         if setup.task != "classification":
             raise FedbenchError("pfnm needs a classification task (its output layer is averaged by class counts)")
-        self.layers = layer_chain(setup.model, self.name)
+        # chains only (FedFisher/FedBEns leave PFNM out of their ResNet tables): a one-line error before training
+        self.layers = layer_chain(setup.model, self.name, model_name(setup))
         self.num_classes = self.layers[-1].out_units
 
     def client_stage_key(self, round_idx):

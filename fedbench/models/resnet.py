@@ -50,18 +50,21 @@ class ResNet18NoBN(nn.Module):
     """Stem -> ReLU -> layer1..layer4 -> AvgPool2d(4) -> Flatten -> named Linear head layers.
 
     ``stem``: "cifar" (3x3, stride 1, pad 1) or "mod7" (7x7, stride 1, pad 1). ``head``: hidden widths
-    of the linear head (no nonlinearities between them), ``head_names`` their attribute names.
+    of the linear head (no nonlinearities between them), ``head_names`` their attribute names. ``blocks`` and
+    ``widths`` (blocks and channels per stage) are for tests' tiny residual nets; the registered models keep 2 x
+    (64, 128, 256, 512).
     """
 
     def __init__(self, input_shape, num_classes: int, *, stem: str = "cifar", head: Sequence[int] = (),
-                 head_names: Optional[Sequence[str]] = None, bias: bool = False, blocks: Sequence[int] = (2, 2, 2, 2)):
+                 head_names: Optional[Sequence[str]] = None, bias: bool = False, blocks: Sequence[int] = (2, 2, 2, 2),
+                 widths: Sequence[int] = (64, 128, 256, 512)):
         super().__init__()
         c = input_shape[0]
         kernel = {"cifar": 3, "mod7": 7}[stem]  # mod7 = FedFisher's ResNet18_mod stem (32 -> 28 pixels)
-        self.conv1 = nn.Conv2d(c, 64, kernel, stride=1, padding=1, bias=bias)
+        self.conv1 = nn.Conv2d(c, widths[0], kernel, stride=1, padding=1, bias=bias)
         self.relu = nn.ReLU()
-        in_planes = 64
-        for i, (planes, stride) in enumerate(zip((64, 128, 256, 512), (1, 2, 2, 2))):
+        in_planes = widths[0]
+        for i, (planes, stride) in enumerate(zip(widths, (1, 2, 2, 2))):
             layers = []
             for j in range(blocks[i]):
                 layers.append(BasicBlock(in_planes, planes, stride if j == 0 else 1, bias=bias))
@@ -71,10 +74,10 @@ class ResNet18NoBN(nn.Module):
         self.flatten = nn.Flatten(start_dim=1)
         # head: named Linear layers 512 -> *head widths -> num_classes, applied in order
         names = list(head_names) if head_names is not None else ["linear"]
-        widths = [512, *head, num_classes]
-        if len(names) != len(widths) - 1:
+        head_widths = [widths[-1], *head, num_classes]
+        if len(names) != len(head_widths) - 1:
             raise ValueError("head_names must name every head layer")
-        for name, a, b in zip(names, widths[:-1], widths[1:]):
+        for name, a, b in zip(names, head_widths[:-1], head_widths[1:]):
             setattr(self, name, nn.Linear(a, b, bias=bias))
         self.head_names = tuple(names)
         self.input_shape = tuple(input_shape)
