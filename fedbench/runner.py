@@ -143,7 +143,8 @@ def _abs(path: str, base: Optional[str]) -> str:
     return str(p if p.is_absolute() else Path(base or os.getcwd()) / p)
 
 
-def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None) -> Dict[str, Any]:
+def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None,
+            memory_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run ``cfg`` and write ``metrics.json`` + ``history.csv`` into ``output_dir``; returns the record.
 
     A run without an ok record is claimed first (``<output_dir>/.claim``, fedbench/results/claims.py), so
@@ -157,13 +158,14 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
         return _execute(cfg, output_dir, launch_dir=launch_dir)   # the skip: no claim needed
     try:
         with claim(out / ".claim", f"run {run_id}"):
-            return _execute(cfg, output_dir, launch_dir=launch_dir)
+            return _execute(cfg, output_dir, launch_dir=launch_dir, memory_cache=memory_cache)
     finally:   # a run rejected before writing anything leaves no empty folder behind
         if out.is_dir() and not any(out.iterdir()):
             out.rmdir()
 
 
-def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None) -> Dict[str, Any]:
+def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None,
+             memory_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``execute``'s body: skip a run with an ok record, else check the config, train, write the record."""
     from fedbench.algorithms import build_algorithm
     from fedbench.data import load_dataset
@@ -270,7 +272,7 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
                     conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
                     eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
                     local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
-                    cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None),
+                    cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
                     stage_parts=stage_parts, server_val=server_val, server_unlabeled=server_unlabeled)
     algo = build_algorithm(acfg, setup)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -436,10 +438,11 @@ def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, laun
         validate(sub)
     root = Path(_abs(cfg.paths.output_root, launch_dir)) / "runs"
     records, failed = [], []
+    memory = {} if not cfg.get("cache", True) else None   # cache=false: the list still trains its clients once
     for sub in subs:
         run_dir = root / compute_run_id(sub)
         try:
-            records.append(execute(sub, run_dir, launch_dir=launch_dir))
+            records.append(execute(sub, run_dir, launch_dir=launch_dir, memory_cache=memory))
         except Exception as e:   # KeyboardInterrupt still ends the job
             reason = str(e) if isinstance(e, FedbenchError) else f"{type(e).__name__}: {e}"
             print(f"fedbench: error: {sub.algorithm.name}: {reason}", file=sys.stderr)

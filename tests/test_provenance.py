@@ -60,3 +60,12 @@ def test_a_failure_never_overwrites_an_ok_record(tmp_path):
     write_json_atomic(d / "metrics.json", ok_record(compute_run_id(cfg), "fedavg"))
     assert _failure_record(cfg, d, "boom")["status"] == "ok"
     assert read_record(d / "metrics.json")["status"] == "ok"
+
+
+def test_cache_false_still_trains_a_lists_clients_once(tmp_path):
+    run(SMALL + ["rounds=1", "cache=false", "aggregators=[fedavg,fednova,scaffold]"], tmp_path)
+    recs = {r["algorithm"]: r for r in (json.loads(x.read_text()) for x in records(tmp_path))}
+    assert recs["fedavg"]["cache"]["misses"] >= 1 and recs["fedavg"]["cache"]["hits"] == 0
+    assert recs["fednova"]["cache"]["hits"] >= 1 and recs["fednova"]["cache"]["misses"] == 0
+    assert recs["scaffold"]["metrics"]["accuracy"] == recs["fedavg"]["metrics"]["accuracy"]
+    assert not (tmp_path / "out" / "cache").exists()   # nothing written to disk

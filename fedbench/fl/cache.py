@@ -35,15 +35,19 @@ def cache_key(parts: Dict[str, Any]) -> str:
 
 
 class ClientStageCache:
-    def __init__(self, root: Optional[str | os.PathLike]):
+    """On disk under ``root``; or, with ``root=None`` and a ``memory`` dict, in memory only (``cache=false`` with an
+    aggregator list: the list's methods still share one trained stage, nothing is written)."""
+
+    def __init__(self, root: Optional[str | os.PathLike], memory: Optional[Dict[str, Any]] = None):
         self.root = Path(root) if root else None
+        self.memory = memory if self.root is None else None
         self.hits = 0
         self.misses = 0
         self.served_s = 0.0   # what the entries served from the cache cost when they were computed (seconds)
 
     @property
     def enabled(self) -> bool:
-        return self.root is not None
+        return self.root is not None or self.memory is not None
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pt"
@@ -52,6 +56,13 @@ class ClientStageCache:
         if not self.enabled:
             return None
         key = cache_key(parts)
+        if self.memory is not None:
+            entry = self.memory.get(key)
+            if entry is None:
+                return None
+            self.hits += 1
+            self.served_s += float(entry.get("seconds") or 0.0)
+            return _clone(entry["payload"])   # callers may change what they get; the shared copy stays intact
         path = self.path(key)
         if not path.exists():
             return None
@@ -84,6 +95,9 @@ class ClientStageCache:
         if not self.enabled:
             return
         key = cache_key(parts)
+        if self.memory is not None:
+            self.memory[key] = {"payload": _clone(payload), "seconds": seconds}
+            return
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"key": key, "parts": json.dumps(parts, sort_keys=True, default=str), "payload": payload,
@@ -111,7 +125,7 @@ class ClientStageCache:
 
     def _claim(self, parts: Dict[str, Any]):
         """Only one process computes a missing entry; the others wait for it (then load it)."""
-        if not self.enabled:
+        if self.root is None:   # disabled, or in memory (one process)
             return contextlib.nullcontext()
         key = cache_key(parts)
         return claim(self.path(key).with_suffix(".claim"), f"client-stage cache entry {key[:12]}")
@@ -127,6 +141,16 @@ class ClientStageCache:
 def _checked_part(entry: Dict[str, Any]) -> Dict[str, Any]:
     """What an entry's checksum covers: everything but the checksum itself."""
     return {k: v for k, v in entry.items() if k != "sha256"}
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
 
 
 def _to(obj, device):
