@@ -6,6 +6,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
@@ -17,6 +18,7 @@ def _run_id(*, _root_):
 
 
 OmegaConf.register_new_resolver("fedbench_run_id", _run_id, replace=True)
+import fedbench.launch.parallel  # noqa: E402,F401  (${fedbench_sweep_jobs:}; also imported in each sweep worker)
 
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -43,6 +45,15 @@ def main(cfg: DictConfig) -> float | None:
     from fedbench.runner import execute_all
 
     hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:   # a sweep job: its failure is its own (fedbench/launch/parallel.py)
+        from fedbench.launch import parallel
+
+        outcome = parallel.run_isolated(
+            lambda: execute_all(cfg, hc.runtime.output_dir, CONF_DIR, launch_dir=hc.runtime.cwd),
+            label=" ".join(hc.overrides.task), num_threads=cfg.hardware.get("num_threads"),
+            output_dir=hc.runtime.output_dir)
+        parallel.report_outcome(outcome, hc.job.num)
+        return None
     try:
         recs = execute_all(cfg, hc.runtime.output_dir, CONF_DIR, launch_dir=hc.runtime.cwd)
     except FedbenchError as e:
