@@ -207,10 +207,15 @@ class SweepSummary(Callback):
 
 # ---- reproduce.py / submit.py --cluster local ------------------------------------------------------------
 
-def local_job(overrides: Sequence[str], launch_dir: str) -> Dict:
-    """One run of a local parallel sweep: its own threads, its own failure."""
+def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | None = None) -> Dict:
+    """One run of a local parallel sweep: its own threads, its own failure. ``env``: the launcher's
+    FEDBENCH_* variables (a reused joblib worker may have started under other ones)."""
     from fedbench.launch.sweep import compose_run, run_dir, run_job_records
 
+    if env is not None:
+        for key in [k for k in os.environ if k.startswith("FEDBENCH_") and k not in env]:
+            del os.environ[key]
+        os.environ.update(env)
     label = " ".join(overrides)
     try:
         cfg = compose_run(overrides)
@@ -227,6 +232,7 @@ def local_slice(todo: Sequence[Sequence[str]], launch_dir: str) -> Dict:
     """One local submitit task: its share of the sweep, one run after another. Returns the merged outcome
     with the run ids and statuses of every record (as ``run_job``)."""
     total = merge_outcomes(local_job(list(ovs), launch_dir) for ovs in todo)
+    print(summary_line(total), flush=True)   # the last line of this task's log
     return {**total, "status": ["ok"] * total["ok"] + ["skipped"] * total["skipped"] + ["failed"] * total["failed"]}
 
 
@@ -235,7 +241,8 @@ def run_local(todo: Sequence[Sequence[str]], launch_dir: str, jobs: int) -> Dict
     from joblib import Parallel, delayed
 
     n = max(1, min(jobs, len(todo)))
-    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_job)(list(ovs), launch_dir) for ovs in todo)
+    env = {k: v for k, v in os.environ.items() if k.startswith("FEDBENCH_")}
+    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_job)(list(ovs), launch_dir, env) for ovs in todo)
     return merge_outcomes(outcomes)
 
 

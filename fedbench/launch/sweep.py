@@ -25,10 +25,9 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _register_resolver() -> None:
-    from fedbench.results.records import compute_run_id as _cid
+    from fedbench.launch.parallel import register_resolvers
 
-    if not OmegaConf.has_resolver("fedbench_run_id"):
-        OmegaConf.register_new_resolver("fedbench_run_id", lambda *, _root_: _cid(_root_))
+    register_resolvers()   # ${fedbench_run_id:} and the joblib launcher's ${fedbench_sweep_jobs:...}
 
 
 def _split(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
