@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Sweep throughput: the same small real sweep one job at a time vs several jobs at once (``run.py -m``).
 
-    python scripts/bench_sweep.py                        # 4 FedAvg runs, Fashion-MNIST, LeNet, 1 epoch
+    python scripts/bench_sweep.py                        # 4 FedAvg runs, Fashion-MNIST (12k samples), LeNet, 1 epoch
     python scripts/bench_sweep.py --runs 8 --epochs 2 --parallel-threads 1
 
 Configuration A runs one job at a time with every core as its threads (hardware.jobs=1,
@@ -30,7 +30,15 @@ def sweep_overrides(args) -> list:
     seeds = ",".join(str(s) for s in range(args.runs))
     return [f"dataset={args.dataset}", f"model={args.model}", "algorithm=fedavg", f"num_clients={args.clients}",
             "rounds=1", f"local.epochs={args.epochs}", "cache=false", "progress=false", "hardware=cpu",
-            f"seed={seeds}"]
+            f"seed={seeds}"] + holdout(args)
+
+
+def holdout(args) -> list:
+    """``--client-samples N``: the clients share N training samples; the rest is held out as (unused)
+    unlabelled server data, which FedAvg never reads — a smaller real sweep, not a different one."""
+    if args.client_samples is None:
+        return []
+    return [f"server_unlabeled.size={args.train_size - args.client_samples}", "server_unlabeled.mode=holdout"]
 
 
 def time_sweep(overrides, jobs: int, threads: int) -> float:
@@ -57,14 +65,20 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="lenet")
     ap.add_argument("--clients", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--client-samples", type=int, default=12000,
+                    help="training samples the clients share (default 12000 of Fashion-MNIST's 60000; 0 = all)")
+    ap.add_argument("--train-size", type=int, default=60000, help="the data set's training-set size")
     ap.add_argument("--parallel-threads", type=int, default=1, help="threads per job in configuration B")
     args = ap.parse_args(argv)
+    if not args.client_samples or args.client_samples >= args.train_size:
+        args.client_samples = None
     cores = available_cores()
     t = max(1, min(args.parallel_threads, cores))
     jobs = max(1, cores // t)
     ovs = sweep_overrides(args)
-    print(f"sweep: {args.runs} x FedAvg on {args.dataset}, {args.model}, {args.clients} clients, 1 round x "
-          f"{args.epochs} epoch(s), cache=false; {cores} core(s) (other processes on this machine count too)")
+    print(f"sweep: {args.runs} x FedAvg on {args.dataset} ({args.client_samples or 'all'} client samples), "
+          f"{args.model}, {args.clients} clients, 1 round x {args.epochs} epoch(s), cache=false; {cores} core(s) "
+          f"(other processes on this machine count too)")
     serial = time_sweep(ovs, 1, cores)
     parallel = time_sweep(ovs, jobs, t)
     print(f"ratio: (1 job x {cores} threads) / ({jobs} jobs x {t} thread(s)) = {serial / parallel:.2f}x")

@@ -66,7 +66,7 @@ def test_run_isolated_turns_every_failure_into_one_line(tmp_path, capsys):
 def test_multirun_one_invalid_combination_does_not_end_the_sweep(tmp_path):
     p = run(["-m", *TINY, "num_clients=0,2", "hardware.jobs=2"], tmp_path, expect=1)
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("fedbench: error:")]
-    assert len(errors) == 1 and "num_clients=0]" in errors[0] and errors[0].endswith("num_clients must be >= 1, got 0")
+    assert len(errors) == 1 and " num_clients=0 " in errors[0] and errors[0].endswith("] num_clients must be >= 1, got 0")
     assert "fedbench: sweep: 1 ok, 1 failed, 0 skipped" in p.stderr
     (rec,) = [read_record(r) for r in records(tmp_path)]
     assert rec["status"] == "ok" and rec["config"]["num_clients"] == 2
@@ -79,6 +79,12 @@ def test_multirun_runs_jobs_in_parallel_processes(tmp_path):
     recs = [read_record(r) for r in records(tmp_path)]
     assert sorted(r["config"]["seed"] for r in recs) == [0, 1, 2] and all(r["status"] == "ok" for r in recs)
     assert not list((tmp_path / "out" / "runs").glob(".sweep-status-*"))   # the status folder is cleaned up
+
+
+def test_multirun_bad_job_count_is_one_line_before_any_job(tmp_path):
+    p = run(["-m", *TINY, "seed=0,1", "hardware.jobs=0"], tmp_path, expect=2)
+    assert p.stderr.strip().splitlines()[-1] == "fedbench: error: hardware.jobs (--parallel) must be auto or a positive integer, got 0"
+    assert "Traceback" not in p.stderr and records(tmp_path) == []
 
 
 def test_run_local_isolates_and_runs_every_job(tmp_path, monkeypatch):

@@ -183,12 +183,26 @@ except ImportError:   # pragma: no cover - hydra-core is a dependency
     Callback = object
 
 
+def check_launcher(config) -> None:
+    """A bad hardware.jobs / num_threads ends the sweep in one line before any job starts (the launcher
+    would resolve ``${fedbench_sweep_jobs:...}`` into a multi-line traceback)."""
+    if "n_jobs" not in (config.hydra.get("launcher") or {}):   # another launcher (submitit on Slurm)
+        return
+    hw = config.get("hardware") or {}
+    try:
+        parallel_jobs(hw.get("jobs", "auto"), hw.get("num_threads"), hw.get("device", "auto"))
+    except FedbenchError as e:
+        print(f"fedbench: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 class SweepSummary(Callback):
     """``hydra.callbacks``: gives the sweep's jobs a status folder (named in the environment, which the
     launcher's processes inherit; inside the sweep dir, so Slurm jobs on a shared file system reach it too),
     then prints the one-line summary and exits 1 if any run failed."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        check_launcher(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.status_dir = tempfile.mkdtemp(prefix=".sweep-status-", dir=sweep_dir)
