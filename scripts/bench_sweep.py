@@ -69,6 +69,8 @@ def main(argv=None) -> int:
                     help="training samples the clients share (default 12000 of Fashion-MNIST's 60000; 0 = all)")
     ap.add_argument("--train-size", type=int, default=60000, help="the data set's training-set size")
     ap.add_argument("--parallel-threads", type=int, default=1, help="threads per job in configuration B")
+    ap.add_argument("--serial-threads", type=int, default=None, help="threads of configuration A (default: cores)")
+    ap.add_argument("--parallel-first", action="store_true", help="time B before A (load drifts on shared machines)")
     args = ap.parse_args(argv)
     if not args.client_samples or args.client_samples >= args.train_size:
         args.client_samples = None
@@ -79,9 +81,14 @@ def main(argv=None) -> int:
     print(f"sweep: {args.runs} x FedAvg on {args.dataset} ({args.client_samples or 'all'} client samples), "
           f"{args.model}, {args.clients} clients, 1 round x {args.epochs} epoch(s), cache=false; {cores} core(s) "
           f"(other processes on this machine count too)")
-    serial = time_sweep(ovs, 1, cores)
-    parallel = time_sweep(ovs, jobs, t)
-    print(f"ratio: (1 job x {cores} threads) / ({jobs} jobs x {t} thread(s)) = {serial / parallel:.2f}x")
+    ts = args.serial_threads or cores
+    if args.parallel_first:
+        parallel = time_sweep(ovs, jobs, t)
+        serial = time_sweep(ovs, 1, ts)
+    else:
+        serial = time_sweep(ovs, 1, ts)
+        parallel = time_sweep(ovs, jobs, t)
+    print(f"ratio: (1 job x {ts} thread(s)) / ({jobs} jobs x {t} thread(s)) = {serial / parallel:.2f}x")
     return 0
 
 

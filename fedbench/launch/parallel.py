@@ -124,7 +124,8 @@ def run_isolated(execute: Callable[[], List[Dict]], label: str, num_threads=None
     outcome = {**count_records(records), "errors": []}
     for rec in records:
         if not rec.get("skipped") and rec.get("status") != "ok":
-            outcome["errors"].append(f"[{label}] run {rec.get('run_id')} {rec.get('status')}: {rec.get('error')}")
+            reason = " ".join(str(rec.get("error")).split())
+            outcome["errors"].append(f"[{label}] run {rec.get('run_id')} {rec.get('status')}: {reason}")
             print(f"fedbench: error: {outcome['errors'][-1]}", file=sys.stderr, flush=True)
     return outcome
 
