@@ -24,7 +24,8 @@ from fedbench.errors import FedbenchError
 
 # Threads per sweep job when hardware.num_threads is auto. Measured with scripts/bench_sweep.py on a shared,
 # busy 2-core CPU machine (4 FedAvg runs, Fashion-MNIST 12k client samples, LeNet, 1 epoch): two 1-thread jobs
-# at once took 76.5 s / 115.5 s against 377.2 s / 386.7 s for one 2-thread job at a time (3.4-4.9x).
+# at once took 76.5 s / 115.5 s against 377.2 s / 386.7 s for one 2-thread job at a time (3.4-4.9x); one
+# 1-thread job at a time took 145.1 s against 175.5 s for two (load average ~13 then: no gain measurable).
 DEFAULT_THREADS_PER_JOB = 1
 STATUS_DIR_ENV = "FEDBENCH_SWEEP_STATUS_DIR"
 
