@@ -6,6 +6,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from fedbench.errors import FedbenchError
@@ -14,6 +15,7 @@ from fedbench.config.preflight import main_guard
 
 
 register_resolvers()   # fedbench_run_id (the run directory), fedbench_hydra_subdir (Hydra's saved files)
+import fedbench.launch.parallel  # noqa: E402,F401  (${fedbench_sweep_jobs:}; also imported in each sweep worker)
 
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -24,6 +26,15 @@ def main(cfg: DictConfig) -> float | None:
     from fedbench.runner import execute_all
 
     hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:   # a sweep job: its failure is its own (fedbench/launch/parallel.py)
+        from fedbench.launch import parallel
+
+        outcome = parallel.run_isolated(
+            lambda: execute_all(cfg, hc.runtime.output_dir, CONF_DIR, launch_dir=hc.runtime.cwd),
+            label=" ".join(hc.overrides.task), num_threads=cfg.hardware.get("num_threads"),
+            output_dir=hc.runtime.output_dir)
+        parallel.report_outcome(outcome, hc.job.num)
+        return None
     try:
         recs = execute_all(cfg, hc.runtime.output_dir, CONF_DIR, launch_dir=hc.runtime.cwd)
     except FedbenchError as e:

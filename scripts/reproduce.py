@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-missing", action="store_true",
                     help="run the table without methods that are not implemented yet (they are listed)")
     ap.add_argument("--collect-only", action="store_true")
+    ap.add_argument("--parallel", type=int, default=None, metavar="N",
+                    help="runs at once (default: hardware.jobs, auto = cores // hardware.num_threads; 1 on CUDA)")
     ap.add_argument("--metric", default=None,
                     help="the table's metric (default: the preset's table.metric, else accuracy; table.columns override it); "
                          "also timing.<key> or communication.<key> of the records, e.g. timing.server_s")
@@ -40,10 +42,12 @@ def main(argv=None) -> int:
         return regenerate_all()
     from pathlib import Path
 
+    failed = 0
     try:
         from fedbench.config.preflight import check_script_overrides
         check_script_overrides(args.overrides)   # bad overrides: one line, before pandas or torch is imported
-        from fedbench.launch.sweep import missing_methods, plan, run_job
+        from fedbench.launch.parallel import default_jobs, run_local, summary_line
+        from fedbench.launch.sweep import missing_methods, plan
         from fedbench.results.tables import check_table_suffix, collect, preset_meta
         check_table_suffix(args.name)   # a bad --name fails before any training
         from fedbench.studies.presets import reproduce_study, study_name
@@ -61,12 +65,14 @@ def main(argv=None) -> int:
             if missing:
                 print(f"fedbench: WARNING: skipping unimplemented methods: {', '.join(missing)}", file=sys.stderr)
             todo, done = plan(args.overrides, os.getcwd(), allow_missing=args.allow_missing)
-            print(f"{len(todo)} run(s) to do, {len(done)} already done")
+            jobs = default_jobs(todo[0], args.parallel) if todo else 1
+            print(f"{len(todo)} run(s) to do, {len(done)} already done; {min(jobs, max(len(todo), 1))} at once")
             t0 = time.time()
-            for i, ovs in enumerate(todo, 1):
-                print(f"[{i}/{len(todo)}] {' '.join(ovs)}", flush=True)
-                run_job(ovs, os.getcwd())
+            total = run_local(todo, os.getcwd(), jobs)   # each run succeeds or fails on its own
             print(f"runs finished in {time.time() - t0:.0f} s")
+            print(summary_line({**total, "skipped": total["skipped"] + len(done)}),
+                  file=sys.stderr if total["failed"] else sys.stdout, flush=True)
+            failed = total["failed"]
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
         path = collect(args.overrides, out_root, Path("results") / "tables", args.metric, suffix=args.name)
         print(f"table written: {path}")
@@ -84,7 +90,7 @@ def main(argv=None) -> int:
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return 1 if failed else 0   # the table is still written from the runs that finished
 
 
 def regenerate_all() -> int:

@@ -2,7 +2,7 @@
 """Submit a sweep as one submitit job array and return immediately (non-blocking).
 
     python scripts/submit.py experiment=fedlpa/table6 profile=paper            # Slurm
-    python scripts/submit.py seed=0,1,2 partition.beta=0.1,0.5 --cluster local  # local processes
+    python scripts/submit.py seed=0,1,2 partition.beta=0.1,0.5 --cluster local  # local processes, --parallel N at once
     python scripts/submit.py ... --dry-run                                      # list what would run
 
 Runs whose record is already ok are skipped, so resubmitting after preemption runs only what is
@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     ap.add_argument("--folder", default=None, help="submitit log folder (default outputs/submitit/%%j)")
     ap.add_argument("--force", action="store_true", help="rerun runs that already have an ok record")
     ap.add_argument("--dry-run", action="store_true", help="print the runs that would be submitted")
+    ap.add_argument("--parallel", type=int, default=None, metavar="N",
+                    help="--cluster local: tasks at once, each running its share of the runs one after another "
+                         "(default: hardware.jobs, auto = cores // hardware.num_threads; 1 on CUDA)")
     args = ap.parse_args(argv)
     try:
         validate_cluster(args.cluster)
@@ -54,12 +57,16 @@ def main(argv=None) -> int:
             print(f"{len(todo)} to run, {len(done)} already done")
             return 0
         jobs, todo, done = submit(args.overrides, cluster=args.cluster, folder=args.folder, force=args.force,
-                                  params=slurm_params_from_env())
+                                  params=slurm_params_from_env(), parallel=args.parallel)
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2
     if not jobs:
         print(f"nothing to submit: all {len(done)} run(s) already have ok records")
+        return 0
+    if args.cluster == "local" or len(jobs) < len(todo):   # local: the runs are dealt into --parallel tasks
+        print(f"submitted {len(todo)} run(s) as {len(jobs)} local task(s) running at once ({len(done)} already "
+              f"done, skipped); first job id {jobs[0].job_id}; each task's log ends with its runs' statuses")
         return 0
     print(f"submitted {len(jobs)} run(s) as one array ({len(done)} already done, skipped); "
           f"first job id {jobs[0].job_id}")

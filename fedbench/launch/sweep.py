@@ -123,13 +123,18 @@ def _finished(cfg: DictConfig, launch_dir: str) -> bool:
                            need_model=bool(cfg.get("save_model"))) is not None
 
 
-def run_job(overrides: List[str], launch_dir: str) -> Dict:
-    """What one array task executes (also importable for local debugging)."""
+def run_job_records(overrides: List[str], launch_dir: str) -> List[Dict]:
+    """Compose one run's config and execute it (every aggregator of a list); returns the records."""
     from fedbench.runner import execute_all
 
     os.chdir(launch_dir)
     cfg = compose_run(overrides)
-    recs = execute_all(cfg, run_dir(cfg, launch_dir), CONF_DIR, launch_dir=launch_dir)
+    return execute_all(cfg, run_dir(cfg, launch_dir), CONF_DIR, launch_dir=launch_dir)
+
+
+def run_job(overrides: List[str], launch_dir: str) -> Dict:
+    """What one array task executes (also importable for local debugging)."""
+    recs = run_job_records(overrides, launch_dir)
     return {"run_ids": [r["run_id"] for r in recs], "status": [r["status"] for r in recs]}
 
 
@@ -158,7 +163,13 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
 
 
 def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | None = None,
-           launch_dir: str | None = None, force: bool = False, params: Dict | None = None):
+           launch_dir: str | None = None, force: bool = False, params: Dict | None = None,
+           parallel: int | str | None = None):
+    """Queue the sweep's missing runs; returns (jobs, todo, done) without waiting.
+
+    ``cluster="local"`` starts at most ``parallel`` local tasks (default: cores // threads per job, see
+    ``fedbench.launch.parallel``), each running its round-robin slice of the runs one after another with
+    ``hardware.num_threads`` threads and isolated failures; elsewhere each run is one array task."""
     import submitit
 
     launch_dir = launch_dir or os.getcwd()
@@ -174,6 +185,11 @@ def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | No
         executor.update_parameters(**params)
     if force:
         todo = [ovs + ["force=true"] for ovs in todo]
+    if executor.cluster == "local":
+        from fedbench.launch.parallel import default_jobs, local_slice, slices
+
+        parts = slices(todo, default_jobs(todo[0], parallel))
+        return executor.map_array(local_slice, parts, [launch_dir] * len(parts)), todo, done
     jobs = executor.map_array(run_job, todo, [launch_dir] * len(todo))
     return jobs, todo, done
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Sweep throughput: the same small real sweep one job at a time vs several jobs at once (``run.py -m``).
+
+    python scripts/bench_sweep.py                        # 4 FedAvg runs, Fashion-MNIST (12k samples), LeNet, 1 epoch
+    python scripts/bench_sweep.py --runs 8 --epochs 2 --parallel-threads 1
+
+Configuration A runs one job at a time with every core as its threads (hardware.jobs=1,
+hardware.num_threads=cores); B runs cores // t jobs at once with t threads each (t = --parallel-threads).
+Each configuration is a fresh ``run.py -m`` process (imports and data loading included, as a user sees it),
+``cache=false``, into a fresh temporary output folder. Prints wall times and the ratio A / B; never a
+pass/fail. On a shared machine other work skews both numbers: rerun, and compare on the same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedbench.launch.parallel import available_cores  # noqa: E402
+
+
+def sweep_overrides(args) -> list:
+    seeds = ",".join(str(s) for s in range(args.runs))
+    return [f"dataset={args.dataset}", f"model={args.model}", "algorithm=fedavg", f"num_clients={args.clients}",
+            "rounds=1", f"local.epochs={args.epochs}", "cache=false", "progress=false", "hardware=cpu",
+            f"seed={seeds}"] + holdout(args)
+
+
+def holdout(args) -> list:
+    """``--client-samples N``: the clients share N training samples; the rest is held out as (unused)
+    unlabelled server data, which FedAvg never reads — a smaller real sweep, not a different one."""
+    if args.client_samples is None:
+        return []
+    return [f"server_unlabeled.size={args.train_size - args.client_samples}", "server_unlabeled.mode=holdout"]
+
+
+def time_sweep(overrides, jobs: int, threads: int) -> float:
+    """Wall seconds of one ``run.py -m`` sweep into a fresh output folder."""
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as out:
+        env = {**os.environ, "FEDBENCH_OUTPUTS": out, "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, str(ROOT / "run.py"), "-m", *overrides, f"hardware.jobs={jobs}",
+               f"hardware.num_threads={threads}"]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if p.returncode != 0:
+            sys.exit(f"fedbench: error: the sweep failed (jobs={jobs}, threads={threads}): "
+                     f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        ok = len(list(Path(out, "runs").glob("*/metrics.json")))
+    print(f"  {jobs} job(s) x {threads} thread(s): {seconds:7.1f} s  ({ok} records)", flush=True)
+    return seconds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=4, help="runs in the sweep (seeds 0..runs-1)")
+    ap.add_argument("--dataset", default="fmnist")
+    ap.add_argument("--model", default="lenet")
+    ap.add_argument("--clients", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--client-samples", type=int, default=12000,
+                    help="training samples the clients share (default 12000 of Fashion-MNIST's 60000; 0 = all)")
+    ap.add_argument("--train-size", type=int, default=60000, help="the data set's training-set size")
+    ap.add_argument("--parallel-threads", type=int, default=1, help="threads per job in configuration B")
+    ap.add_argument("--serial-threads", type=int, default=None, help="threads of configuration A (default: cores)")
+    ap.add_argument("--parallel-first", action="store_true", help="time B before A (load drifts on shared machines)")
+    args = ap.parse_args(argv)
+    if not args.client_samples or args.client_samples >= args.train_size:
+        args.client_samples = None
+    cores = available_cores()
+    t = max(1, min(args.parallel_threads, cores))
+    jobs = max(1, cores // t)
+    ovs = sweep_overrides(args)
+    print(f"sweep: {args.runs} x FedAvg on {args.dataset} ({args.client_samples or 'all'} client samples), "
+          f"{args.model}, {args.clients} clients, 1 round x {args.epochs} epoch(s), cache=false; {cores} core(s) "
+          f"(other processes on this machine count too)")
+    ts = args.serial_threads or cores
+    if args.parallel_first:
+        parallel = time_sweep(ovs, jobs, t)
+        serial = time_sweep(ovs, 1, ts)
+    else:
+        serial = time_sweep(ovs, 1, ts)
+        parallel = time_sweep(ovs, jobs, t)
+    print(f"ratio: (1 job x {ts} thread(s)) / ({jobs} jobs x {t} thread(s)) = {serial / parallel:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Local parallel sweeps (fedbench/launch/parallel.py): job counts, isolation of failures, summaries."""
+import os
+import sys
+
+import pytest
+import torch
+
+from fedbench.errors import FedbenchError
+from fedbench.launch import parallel
+from fedbench.results.records import read_record
+from tests.test_run import records, run
+
+TINY = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.train_size=120",
+        "dataset.kwargs.test_size=60", "model=lenet", "rounds=1", "local.epochs=0", "hardware=cpu",
+        "progress=false"]
+
+
+def test_parallel_jobs_and_threads(monkeypatch):
+    monkeypatch.setattr(parallel, "available_cores", lambda: 8)
+    assert parallel.threads_per_job("auto") == parallel.DEFAULT_THREADS_PER_JOB
+    assert parallel.threads_per_job(4) == 4
+    assert parallel.parallel_jobs("auto", 2, "cpu") == 4          # 8 cores // 2 threads
+    assert parallel.parallel_jobs("auto", 16, "cpu") == 1         # never zero
+    assert parallel.parallel_jobs(3, 2, "cpu") == 3               # explicit wins
+    assert parallel.parallel_jobs("auto", 1, "cuda") == 1         # one GPU: one job
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parallel.parallel_jobs("auto", "auto", "auto") == 8 // parallel.DEFAULT_THREADS_PER_JOB
+    for bad in (0, -1, "x", True):
+        with pytest.raises(FedbenchError, match="hardware.jobs"):
+            parallel.parallel_jobs(bad, 1, "cpu")
+    with pytest.raises(FedbenchError, match="num_threads"):
+        parallel.threads_per_job(0)
+
+
+def test_slices_deal_round_robin():
+    assert parallel.slices(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
+    assert parallel.slices(list("ab"), 8) == [["a"], ["b"]]
+
+
+def test_run_isolated_turns_every_failure_into_one_line(tmp_path, capsys):
+    n = torch.get_num_threads()
+    try:
+        def boom():
+            raise RuntimeError("bad\nnumbers")
+        out = parallel.run_isolated(boom, "seed=1", num_threads=1, output_dir=tmp_path)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(n)
+    assert (out["ok"], out["failed"], out["skipped"]) == (0, 1, 0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedbench: error: [seed=1] RuntimeError: bad numbers (traceback: ")
+    assert "RuntimeError" in (tmp_path / "traceback.txt").read_text()
+
+    def config_error():
+        raise FedbenchError("num_clients must be >= 1, got 0")
+    out = parallel.run_isolated(config_error, "num_clients=0")
+    assert out["errors"] == ["[num_clients=0] num_clients must be >= 1, got 0"]
+    recs = [{"run_id": "a", "status": "ok"}, {"run_id": "b", "status": "ok", "skipped": True},
+            {"run_id": "c", "status": "failed", "error": "ValueError: x"}]
+    out = parallel.run_isolated(lambda: recs, "aggregators=[...]")
+    assert (out["ok"], out["failed"], out["skipped"]) == (1, 1, 1)
+    total = parallel.merge_outcomes([out, parallel.run_isolated(config_error, "x")])
+    assert parallel.summary_line(total) == "fedbench: sweep: 1 ok, 2 failed, 1 skipped"
+
+
+def test_multirun_one_invalid_combination_does_not_end_the_sweep(tmp_path):
+    p = run(["-m", *TINY, "num_clients=0,2", "hardware.jobs=2"], tmp_path, expect=1)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("fedbench: error:")]
+    assert len(errors) == 1 and " num_clients=0 " in errors[0] and errors[0].endswith("] num_clients must be >= 1, got 0")
+    assert "fedbench: sweep: 1 ok, 1 failed, 0 skipped" in p.stderr
+    (rec,) = [read_record(r) for r in records(tmp_path)]
+    assert rec["status"] == "ok" and rec["config"]["num_clients"] == 2
+
+
+def test_multirun_runs_jobs_in_parallel_processes(tmp_path):
+    p = run(["-m", *TINY, "num_clients=2", "seed=0,1,2", "hardware.jobs=2"], tmp_path)
+    assert "n_jobs=2" in p.stdout + p.stderr   # Hydra's joblib launcher, two processes
+    assert "fedbench: sweep: 3 ok, 0 failed, 0 skipped" in p.stdout
+    recs = [read_record(r) for r in records(tmp_path)]
+    assert sorted(r["config"]["seed"] for r in recs) == [0, 1, 2] and all(r["status"] == "ok" for r in recs)
+    assert not list((tmp_path / "out" / "runs").glob(".sweep-status-*"))   # the status folder is cleaned up
+
+
+def test_multirun_bad_job_count_is_one_line_before_any_job(tmp_path):
+    p = run(["-m", *TINY, "seed=0,1", "hardware.jobs=0"], tmp_path, expect=2)
+    assert p.stderr.strip().splitlines()[-1] == "fedbench: error: hardware.jobs (--parallel) must be auto or a positive integer, got 0"
+    assert "Traceback" not in p.stderr and records(tmp_path) == []
+
+
+def test_run_local_isolates_and_runs_every_job(tmp_path, monkeypatch):
+    """reproduce.py's path: joblib workers, one bad run among good ones."""
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    todo = [TINY + ["num_clients=2", "seed=0"], TINY + ["num_clients=0"], TINY + ["num_clients=2", "seed=1"]]
+    total = parallel.run_local(todo, os.getcwd(), jobs=2)
+    assert (total["ok"], total["failed"], total["skipped"]) == (2, 1, 0)
+    assert len(total["errors"]) == 1 and "num_clients must be >= 1" in total["errors"][0]
+    assert sorted(read_record(r)["config"]["seed"] for r in records(tmp_path)) == [0, 1]
+    total = parallel.run_local(todo[:1], os.getcwd(), jobs=2)   # in-process (one job): skipped now
+    assert (total["ok"], total["failed"], total["skipped"]) == (0, 0, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
