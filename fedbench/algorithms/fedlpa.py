@@ -384,7 +384,7 @@ class FedLPA(Algorithm):
 
     def _weights(self, messages: List[Message], device) -> Tensor:
         w = [float(m.num_samples) if self.weighting == "num_samples" else 1.0 for m in messages]
-        p = torch.tensor(w, dtype=self.server_dtype, device=device)
+        p = torch.tensor(w, dtype=torch.float64, device=device)
         if float(p.sum()) <= 0:
             raise FedbenchError("fedlpa: every client is empty; nothing to aggregate")
         return p / p.sum()
@@ -394,7 +394,8 @@ class FedLPA(Algorithm):
         ref = messages[0].payload["params"]
         any_t = next(iter(ref.values()))
         dev, sdt = any_t.device, self.server_dtype
-        p = self._weights(messages, dev)
+        p64 = self._weights(messages, dev)          # float64: the residuals below judge the exact system
+        p = p64.to(sdt)
         covered = {n for s in self.specs for n in s.names}
         rest = [n for n in ref if n not in covered]
         ea, sol = {}, {}
@@ -421,8 +422,8 @@ class FedLPA(Algorithm):
                                        precond=pre)
                 layer_info["cg_iters"] = iters
             # residuals always in float64, so a float32 solve is judged on the system it approximates
-            layer_info["rel_residual"] = rel_residual(*up, p, M)
-            layer_info["ea_rel_residual"] = rel_residual(*up, p, M_ea)
+            layer_info["rel_residual"] = rel_residual(*up, p64, M)
+            layer_info["ea_rel_residual"] = rel_residual(*up, p64, M_ea)
             info[s.module] = layer_info
             for d, mat in ((ea, M_ea), (sol, M)):
                 d.update({n: t.to(ref[n].dtype) for n, t in s.from_matrix(mat).items()})
