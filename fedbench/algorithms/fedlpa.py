@@ -23,6 +23,13 @@ Reporting (§1.4 step 7, §0): the code logs max(test acc of GD, test acc of EA)
 best_of_ea_gd_on_test`` reproduces that selection ON THE TEST SET; the default ``solver`` reports the
 solver's model. The EA model is always evaluated beside it (``ea_accuracy``).
 
+Checked against the released code (issue 14 item 6): fed the released clients' weights and factors
+(FMNIST, β = 0.5, 10 clients, 2 epochs, seed 0), this server gives the released EA (48.05) and GD
+(47.18 vs 47.17) accuracies, and ``compute_curvature`` on those clients reproduces their factors to
+float32 rounding; fedbench's own clients through the released solver give fedbench's GD (36.15). The
+gaps between the two pipelines' EA/GD numbers come from the client stage (training noise), not from
+the server. GD is far from converged after 10,000 steps (residual 0.02–0.1), so its accuracy swings.
+
 Multi-round (§1.5): from round 2 the local loss adds
     ½ η Σ_l sum(D_l ⊙ ((Ḡ_l − G_k,l) D_l (Ā_l − A_k,l))),  D_l = M_local,l − M_global,l
 with the previous round's p-weighted factor sums and the client's own previous factors (η = 1);
