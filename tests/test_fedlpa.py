@@ -104,6 +104,53 @@ def test_gd_is_autodiff_gd_on_mean_mse_and_lr_one_can_diverge():
     assert (M2 - M_star).norm() < (M_ea - M_star).norm()
 
 
+def test_kron_system_equals_the_per_client_sum():
+    """The two-GEMM layout gives Σ_k p_k G_k M A_k exactly as the released per-client loop writes it."""
+    Gs, As, Ms, p = _problem(K=4, o=3, i=6, seed=2)
+    op = fl.KronSystem(Gs, As, p)
+    for M in (Ms[0], Ms[3], torch.eye(3, 6, dtype=D)):
+        loop = sum(p[k] * Gs[k] @ M @ As[k] for k in range(4))
+        assert torch.allclose(op(M), loop, rtol=0, atol=1e-13)
+
+
+def test_gd_fixed_point_is_the_cg_solution():
+    """GD on the mean-MSE stops moving exactly at 𝒜(M) = Z: from CG's solution 1,000 released steps
+    (lr 1.0, stable here) stay there, and from EA they approach it monotonically."""
+    Gs, As, Ms, p = _problem(K=3, o=4, i=5, seed=4)
+    Gs, As = 0.5 * Gs, 0.5 * As                      # factor scale as damped real ones: lr 1.0 stable
+    Kd, _, M_star = _dense(Gs, As, Ms, p)
+    assert 2.0 * float(torch.linalg.eigvalsh(Kd).max()) ** 2 / 20 < 2.0      # lr 1.0 is stable on this layer
+    M_ea, Z, A_bar, G_bar = fl.ea_solve(Gs, As, p, Ms)
+    M_cg = fl.cg_solve(Gs, As, p, Z, M_ea, tol=1e-14, max_iters=200, precond=(G_bar, A_bar))[0]
+    assert torch.allclose(fl.gd_solve(Gs, As, p, Z, M_cg, 1000, 1.0), M_star, rtol=0, atol=1e-12)
+    errs = [float((fl.gd_solve(Gs, As, p, Z, M_ea, n, 1.0) - M_star).norm()) for n in (0, 100, 1000, 10000)]
+    assert errs[0] > errs[1] > errs[2] > errs[3]
+
+
+def test_float32_server_reports_its_float64_residual():
+    """server_dtype float32 solves in float32; the record's residual is the float64 one of that solution."""
+    setup = _setup((12, 20, 9))
+    plist = [_client_params(setup, k, k) for k in range(3)]
+    cfg = {"solver": "cg", "cg_tol": 1e-12, "cg_max_iters": 500}
+    out = {}
+    for dt in ("float64", "float32"):
+        algo = ALGORITHMS.get("fedlpa")({**cfg, "server_dtype": dt}, setup)
+        msgs = _messages(algo, setup, plist)
+        out[dt] = (algo, msgs, algo.aggregate(msgs, algo.init_state(plist[0]), 1))
+    algo, msgs, st32 = out["float32"]
+    p = torch.tensor([12.0, 20.0, 9.0], dtype=D) / 41
+    for s in algo.specs:
+        As = torch.stack([fl.unpack_sym(m.payload["A"][s.module], s.d_in) for m in msgs])
+        Gs = torch.stack([fl.unpack_sym(m.payload["G"][s.module], s.d_out) for m in msgs])
+        Ms = torch.stack([s.to_matrix(pk) for pk in plist])
+        M32 = s.to_matrix(st32["params"])
+        Z = sum(p[k] * Gs[k] @ Ms[k] @ As[k] for k in range(3))
+        r64 = float((sum(p[k] * Gs[k] @ M32 @ As[k] for k in range(3)) - Z).norm() / Z.norm())
+        assert st32["solver_info"][s.module]["rel_residual"] == pytest.approx(r64, rel=1e-9)
+        assert 1e-10 < r64 < 1e-4                                 # float32 rounding, seen in float64
+        assert out["float64"][2]["solver_info"][s.module]["rel_residual"] < 1e-11
+
+
 def test_ea_exact_when_clients_share_factors():
     Gs, As, Ms, p = _problem()
     Gs[:] = Gs[0]
