@@ -104,6 +104,8 @@ def combos():
             seen.add(_picks(ovs))
             cfg = compose_run(list(ovs))
             for sub in (expand_aggregators(cfg, CONF_DIR) if cfg.get("aggregators") else [cfg]):
+                if sub.model.get("pretrained") is not None:   # the checkpoint (a user file) is not needed here:
+                    sub.model.pretrained = None               # the seeded initialisation stands in for it
                 validate(sub)
                 c = OmegaConf.to_container(sub, resolve=True)
                 model = {k: v for k, v in c["model"].items() if k != "pretrained"}   # seeded init stands in

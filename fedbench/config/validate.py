@@ -176,7 +176,7 @@ def check_server_data(section: str, node: Mapping, modes) -> None:
 
 
 def check_hardware(hw: Mapping) -> None:
-    _known("hardware", hw, ("device", "backend", "conv_strategy", "num_threads"))
+    _known("hardware", hw, ("device", "backend", "conv_strategy", "num_threads", "jobs"))
     device = hw.get("device", "auto")
     if not isinstance(device, str) or not DEVICE_SYNTAX.match(device):
         _fail("hardware.device", device, "auto, cpu, cuda or cuda:N (N = 0, 1, ...)")
@@ -191,6 +191,9 @@ def check_hardware(hw: Mapping) -> None:
     threads = hw.get("num_threads", "auto")
     if threads not in (None, "auto") and not (is_int(threads) and threads >= 1):
         _fail("hardware.num_threads", threads, "auto, null or an integer >= 1")
+    jobs = hw.get("jobs", "auto")
+    if jobs not in (None, "auto") and not (is_int(jobs) and jobs >= 1):
+        _fail("hardware.jobs", jobs, "auto or an integer >= 1 (runs of a sweep at once)")
 
 
 def cuda_device_count() -> Optional[int]:
