@@ -1,5 +1,5 @@
 """Realised NIID-Bench splits of Fashion-MNIST (10 clients, FedLPA's rows) for seeds 0-2: sizes and label sets per
-client (results/gaps_draft.md §1-2). Run from the repo root: PYTHONPATH=$PWD python scripts/gaps/niid_split_stats.py"""
+client (results/gaps_draft.md §1-2, to become results/gaps.md). Run from the repo root: PYTHONPATH=$PWD python scripts/gaps/niid_split_stats.py"""
 import gzip
 from pathlib import Path
 
