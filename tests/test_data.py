@@ -186,6 +186,18 @@ def test_uci_credit(tmp_path):
 
 
 @needs_uci
+def test_uci_credit_positive_class_switch(tmp_path):
+    """positive_class='-' is PVI's OrdinalEncoder coding ('+' < '-', so '-' = 1): same rows, labels flipped."""
+    plus = load_dataset("uci_credit", tmp_path, mirror=MIRROR, download=False)
+    minus = load_dataset("uci_credit", tmp_path, mirror=MIRROR, download=False, positive_class="-")
+    assert torch.equal(plus.train_x, minus.train_x) and torch.equal(plus.test_x, minus.test_x)
+    assert torch.equal(minus.train_y, 1 - plus.train_y) and int(minus.train_y.sum()) == 522 - 236
+    with pytest.raises(FedbenchError, match="positive_class") as e:
+        load_dataset("uci_credit", tmp_path, mirror=MIRROR, download=False, positive_class="yes")
+    assert "\n" not in str(e.value)
+
+
+@needs_uci
 def test_uci_file_checksum(tmp_path):
     (tmp_path / "uci").mkdir()
     text = (MIRROR / "uci" / "crx.data").read_text()

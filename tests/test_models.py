@@ -224,6 +224,15 @@ def test_wrong_input_shape_is_one_line_error(name, shape, nc):
     assert "x".join(map(str, shape)) in msg  # names what it got
 
 
+def test_logistic_regression_zero_init():
+    """init=zeros starts at PVI's prior mean w = 0 (every logit 0); the default init is PyTorch's (not all zero)."""
+    zero = build_model("logistic_regression", input_shape=(46,), num_classes=2, init="zeros")
+    assert all(torch.count_nonzero(p) == 0 for p in zero.parameters())
+    assert torch.equal(zero(torch.randn(5, 46)), torch.zeros(5, 1))
+    default = build_model("logistic_regression", input_shape=(46,), num_classes=2)
+    assert torch.count_nonzero(default.linear.weight) == 46
+
+
 def test_other_user_errors_are_one_line():
     cases = [
         dict(name="no_such_model", input_shape=(1, 28, 28), num_classes=10),
@@ -231,6 +240,7 @@ def test_other_user_errors_are_one_line():
         dict(name="lenet", input_shape=(1, 28, 28), num_classes=10, channels=[6]),
         dict(name="mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[100, -1]),
         dict(name="logistic_regression", input_shape=(46,), num_classes=10),
+        dict(name="logistic_regression", input_shape=(46,), num_classes=2, init="normal"),
         dict(name="two_layer_relu", input_shape=(2,), num_classes=10),
         dict(name="lenet", input_shape=(1, 28, 28), num_classes=None),
         dict(name="cifarnet", input_shape=(3, 32, 32), num_classes=10, dropout="yes"),

@@ -256,6 +256,62 @@ def test_labeldir_same_indices_as_global_rng_oracle(labels, restore_global_rng, 
     assert [p.tolist() for p in parts] == oracle
 
 
+def _oracle_label_k(y, K, k, seed):
+    """NIID-Bench "#C=k" as fedlpa.md §3 describes it, on the *global* RNGs that FedLPA's scripts seed
+    (``np.random.seed(s); random.seed(s)`` with s = --init_seed): client i holds class i % C, then k-1
+    more distinct classes from random.randint(0, C-1) by rejection; for each class in order, np.random
+    shuffles its indices and array_split cuts them equally among its holders, in client order."""
+    np.random.seed(seed)
+    random.seed(seed)
+    holds = []
+    for i in range(K):
+        cur = [i % C]
+        while len(cur) < k:
+            c = random.randint(0, C - 1)
+            if c not in cur:
+                cur.append(c)
+        holds.append(cur)
+    out = [[] for _ in range(K)]
+    for c in range(C):
+        idx = np.where(y == c)[0]
+        np.random.shuffle(idx)
+        holders = [j for j in range(K) if c in holds[j]]
+        if holders:
+            for j, piece in zip(holders, np.array_split(idx, len(holders))):
+                out[j] += piece.tolist()
+    return out
+
+
+@pytest.fixture
+def restore_both_global_rngs():
+    np_state, py_state = np.random.get_state(), random.getstate()
+    yield
+    np.random.set_state(np_state)
+    random.setstate(py_state)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_label_k_same_indices_as_global_rng_oracle(labels, restore_both_global_rngs, seed, k):
+    """FedLPA's #C=k rows (10 clients, init_seed 0-2): the same label sets and the same samples per client."""
+    parts = make_partition(f"noniid-#label{k}", labels, 10, seed)
+    assert [p.tolist() for p in parts] == _oracle_label_k(labels, 10, k, seed)
+
+
+def test_niid_bench_split_redrawn_per_seed_unless_fixed_seed(labels):
+    """FedLPA's scripts loop ``--init_seed`` over 0 1 2 and seed numpy and random with it right before
+    ``partition_data`` (fedlpa.md §3 "Seeds"), so each seed draws its own split: the default. A fixed
+    ``fixed_seed`` gives every run seed the split of that seed."""
+    for name, kw in [("noniid-labeldir", {"beta": 0.1}), ("noniid-#label2", {}), ("noniid-#label3", {})]:
+        counts = [client_label_counts(make_partition(name, labels, 10, s, **kw), labels, C) for s in (0, 1, 2)]
+        assert not np.array_equal(counts[0], counts[1]) and not np.array_equal(counts[0], counts[2])
+        assert not np.array_equal(counts[1], counts[2])
+        base = make_partition(name, labels, 10, 0, **kw)
+        for s in (1, 2):
+            fixed = make_partition(name, labels, 10, s, fixed_seed=0, **kw)
+            assert all(np.array_equal(a, b) for a, b in zip(base, fixed))
+
+
 @pytest.mark.parametrize("seed,alpha,K", [(3, 0.1, 5), (0, 0.3, 10)])
 def test_clientwise_same_indices_as_global_rng_oracle(labels, restore_global_rng, seed, alpha, K):
     parts = make_partition("dirichlet_clientwise", labels, K, seed, alpha=alpha)

@@ -70,14 +70,22 @@ CREDIT_NUMERIC = (1, 2, 7, 10, 13, 14)
 CREDIT_CATEGORICAL = (0, 3, 4, 5, 6, 8, 9, 11, 12)
 
 
-def credit_arrays(path: Path) -> Tuple[np.ndarray, np.ndarray]:
-    """All complete rows of crx.data, shuffled and encoded: x float64 [653, 46], y int64 ('+' = 1).
+CREDIT_CLASSES = ("+", "-")
+
+
+def credit_arrays(path: Path, positive_class: str = "+") -> Tuple[np.ndarray, np.ndarray]:
+    """All complete rows of crx.data, shuffled and encoded: x float64 [653, 46], y int64 (positive_class = 1).
 
     Rows with any '?' are dropped (690 -> 653); rows are permuted with the legacy NumPy
     generator seeded 0 (``np.random.seed(0); np.random.permutation(n)``); the numeric columns
     1,2,7,10,13,14 are standardised over all rows (population std); the categorical columns
     0,3,4,5,6,8,9,11,12 are one-hot encoded (categories in sorted order, numeric block first).
+    ``positive_class`` '+' (approved, 45%: the paper's "45% positive") or '-' (PVI's OrdinalEncoder, which
+    sorts '+' before '-' and so codes '-' as 1). Only the label coding changes, but PVI's split gives its
+    small clients mostly label-0 rows, so the two codings hand different rows to different clients.
     """
+    if positive_class not in CREDIT_CLASSES:
+        raise FedbenchError(f"uci_credit: positive_class must be '+' or '-', got {positive_class!r}")
     try:
         raw = pd.read_csv(path, header=None, dtype=str, keep_default_na=False).to_numpy()
     except Exception as e:
@@ -94,13 +102,13 @@ def credit_arrays(path: Path) -> Tuple[np.ndarray, np.ndarray]:
         cats = np.unique(raw[:, j])
         blocks.append((raw[:, j][:, None] == cats[None, :]).astype(np.float64))
     x = np.concatenate(blocks, axis=1)
-    y = (raw[:, 15] == "+").astype(np.int64)
+    y = (raw[:, 15] == positive_class).astype(np.int64)
     return x, y
 
 
 @DATASETS.register("uci_credit")
 def load_uci_credit(root: Path, mirror: Optional[Path], download: bool, *, num_folds: int = 5,
-                    test_fold: int = 0) -> FedDataset:
+                    test_fold: int = 0, positive_class: str = "+") -> FedDataset:
     """UCI Credit Approval: 653 complete rows, 46 features, test = fold ``test_fold`` of ``num_folds``.
 
     The folds are contiguous blocks of the shuffled rows (like sklearn's unshuffled KFold), so the
@@ -109,7 +117,9 @@ def load_uci_credit(root: Path, mirror: Optional[Path], download: bool, *, num_f
     if not (2 <= int(num_folds) and 0 <= int(test_fold) < int(num_folds)):
         raise FedbenchError(f"uci_credit: need num_folds >= 2 and 0 <= test_fold < num_folds, "
                             f"got {num_folds} and {test_fold}")
-    x, y = credit_arrays(uci_file("uci_credit", "crx.data", root, mirror, download))
+    if positive_class not in CREDIT_CLASSES:
+        raise FedbenchError(f"uci_credit: positive_class must be '+' or '-', got {positive_class!r}")
+    x, y = credit_arrays(uci_file("uci_credit", "crx.data", root, mirror, download), positive_class)
     n, k = len(y), int(num_folds)
     sizes = [n // k + (1 if f < n % k else 0) for f in range(k)]
     start = sum(sizes[:int(test_fold)])

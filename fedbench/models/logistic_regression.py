@@ -26,9 +26,17 @@ class LogisticRegression(nn.Sequential):
 
 @MODELS.register("logistic_regression")
 def logistic_regression(*, input_shape, num_classes, in_features: Optional[int] = None,
-                        bias: bool = True) -> LogisticRegression:
+                        bias: bool = True, init: str = "default") -> LogisticRegression:
+    """``init``: ``default`` (PyTorch's Linear initialisation) or ``zeros`` (w = 0, PVI's prior mean, where
+    FedLap's q_g starts; set with ``+model.init=zeros``)."""
     if num_classes not in (1, 2) or isinstance(num_classes, bool):
         raise FedbenchError(
             f"model 'logistic_regression' is binary (one logit) and needs num_classes 2, got {num_classes!r}; "
             "use model=softmax_regression for more classes")
-    return LogisticRegression(check_in_features("logistic_regression", input_shape, in_features), bias=bool(bias))
+    if init not in ("default", "zeros"):
+        raise FedbenchError(f"model 'logistic_regression': init must be default or zeros, got {init!r}")
+    model = LogisticRegression(check_in_features("logistic_regression", input_shape, in_features), bias=bool(bias))
+    if init == "zeros":
+        for param in model.parameters():
+            nn.init.zeros_(param)
+    return model
