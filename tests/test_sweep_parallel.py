@@ -64,9 +64,14 @@ def test_run_isolated_turns_every_failure_into_one_line(tmp_path, capsys):
 
 
 def test_multirun_one_invalid_combination_does_not_end_the_sweep(tmp_path):
-    p = run(["-m", *TINY, "num_clients=0,2", "hardware.jobs=2"], tmp_path, expect=1)
+    # a value invalid on its own is rejected before the sweep starts (one line, exit 2, nothing run) ...
+    p = run(["-m", *TINY, "num_clients=0,2"], tmp_path, expect=2)
+    assert p.stderr.strip() == "fedbench: error: num_clients=0 is not allowed: num_clients must be an integer >= 1"
+    assert records(tmp_path) == []
+    # ... a combination that fails only on the data (more clients than the 120 samples) fails alone
+    p = run(["-m", *TINY, "num_clients=1000,2", "hardware.jobs=2"], tmp_path, expect=1)
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("fedbench: error:")]
-    assert len(errors) == 1 and " num_clients=0 " in errors[0] and errors[0].endswith("] num_clients must be >= 1, got 0")
+    assert len(errors) == 1 and errors[0].endswith("] num_clients=1000 exceeds the 120 samples; use fewer clients")
     assert "fedbench: sweep: 1 ok, 1 failed, 0 skipped" in p.stderr
     (rec,) = [read_record(r) for r in records(tmp_path)]
     assert rec["status"] == "ok" and rec["config"]["num_clients"] == 2
@@ -83,7 +88,8 @@ def test_multirun_runs_jobs_in_parallel_processes(tmp_path):
 
 def test_multirun_bad_job_count_is_one_line_before_any_job(tmp_path):
     p = run(["-m", *TINY, "seed=0,1", "hardware.jobs=0"], tmp_path, expect=2)
-    assert p.stderr.strip().splitlines()[-1] == "fedbench: error: hardware.jobs (--parallel) must be auto or a positive integer, got 0"
+    assert p.stderr.strip().splitlines()[-1] == ("fedbench: error: hardware.jobs=0 is not allowed: "
+                                                  "hardware.jobs must be auto or an integer >= 1 (runs of a sweep at once)")
     assert "Traceback" not in p.stderr and records(tmp_path) == []
 
 
@@ -94,7 +100,7 @@ def test_run_local_isolates_and_runs_every_job(tmp_path, monkeypatch):
     todo = [TINY + ["num_clients=2", "seed=0"], TINY + ["num_clients=0"], TINY + ["num_clients=2", "seed=1"]]
     total = parallel.run_local(todo, os.getcwd(), jobs=2)
     assert (total["ok"], total["failed"], total["skipped"]) == (2, 1, 0)
-    assert len(total["errors"]) == 1 and "num_clients must be >= 1" in total["errors"][0]
+    assert len(total["errors"]) == 1 and "num_clients must be an integer >= 1" in total["errors"][0]
     assert sorted(read_record(r)["config"]["seed"] for r in records(tmp_path)) == [0, 1]
     total = parallel.run_local(todo[:1], os.getcwd(), jobs=2)   # in-process (one job): skipped now
     assert (total["ok"], total["failed"], total["skipped"]) == (0, 0, 1)

@@ -139,7 +139,8 @@ def _ok_record(outputs: Path, overrides=()):
     rid = compute_run_id(cfg)
     folder = outputs / "runs" / rid
     (folder / ".hydra").mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"run_id": rid, "status": "ok", "saved": {}}))
+    from tests.conftest import ok_record
+    (folder / "metrics.json").write_text(json.dumps({**ok_record(rid, cfg.algorithm.name), "saved": {}}))
     (folder / ".hydra" / "overrides.yaml").write_text("- hardware=cpu\n")
     (folder / "history.csv").write_text("round,accuracy\n1,0.5\n")
     return folder
