@@ -24,9 +24,15 @@ test: install
 test-all: install
 	$(PY) -m pytest -q $(ARGS) || [ $$? -eq 5 ]
 
-# Speed: serial vs batched local training vs a plain per-client DataLoader loop (prints ratios).
+# Speed on this machine, ratios only (never pass/fail): training GFLOP/s against a measured peak; serial vs batched
+# training vs a plain DataLoader loop; curvature / one epoch; FedLPA's GD server (float32, float64); a sweep with one
+# job vs N jobs at once. ARGS go to bench_engine.py.
 bench: install
+	$(PY) scripts/bench_throughput.py
 	$(PY) scripts/bench_engine.py $(ARGS)
+	$(PY) scripts/bench_curvature.py --threads 1 --repeats 3
+	$(PY) scripts/bench_fedlpa_gd.py --steps 1000 --repeats 2
+	$(PY) scripts/bench_sweep.py
 
 # One command per paper table: make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
 EXP     ?=
