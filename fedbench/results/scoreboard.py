@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.results.reference import available_tables, load_reference
-from fedbench.results.tables import (COLLECTIONS, attach_reference, norm_key, read_collections, score, summarise,
-                                     table_runs)
+from fedbench.results.tables import (COLLECTIONS, attach_reference, norm_key, paper_seeds, read_collections, score,
+                                     summarise, table_runs)
 
 CAMPAIGN = "campaign.yaml"
 GAPS = "gaps.md"
@@ -52,7 +52,6 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
         meta = df.attrs.get("table") or {}
         metric = e.get("metric") or "accuracy"
         summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
-        from fedbench.results.tables import paper_seeds
         want = paper_seeds(meta) or 0
         ran = summary[(summary["n"] > 0) & summary["paper"].notna()] if len(summary) else summary
         out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta), "entry": e,
@@ -126,8 +125,9 @@ def render(results: Path, output_root: Path) -> str:
         t = planned.get((paper, table), {})
         lines.append(f"| {paper} {table} | {n_all} | {n_here} | {t.get('status', 'not planned')} | "
                      f"{t.get('cpu_hours', '?')} | {t.get('order', '')} | {t.get('notes', '')} |")
+    listed = set(available_tables())
     for (paper, table), t in planned.items():
-        if (paper, table) not in available_tables():
+        if (paper, table) not in listed:
             lines.append(f"| {paper} {table} | — | — | {t.get('status', '')} | {t.get('cpu_hours', '?')} | "
                          f"{t.get('order', '')} | {t.get('notes', '')} |")
     # ---- scoreboard -------------------------------------------------------------------------------------------
