@@ -84,17 +84,6 @@ def nll(kind: str, f: Tensor, y: Tensor) -> Tensor:
     return 0.5 * ((f - y) ** 2).sum(-1)
 
 
-def output_hessian(kind: str, f: Tensor) -> Tensor:
-    """∇²_f ℓ(f, y) per sample, [N, C, C] (independent of y for these three likelihoods)."""
-    if kind == "ce":
-        p = f.softmax(-1)
-        return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
-    if kind == "bce":
-        s = torch.sigmoid(f)
-        return torch.diag_embed(s * (1 - s))
-    return torch.eye(f.shape[-1], dtype=f.dtype, device=f.device).expand(f.shape[0], -1, -1)
-
-
 def hessian_sqrt(kind: str, f: Tensor) -> Tensor:
     """S with S Sᵀ = ∇²_f ℓ, [N, C, K] (CE: diag(√p) − p √pᵀ; BCE: √(σ(1−σ)); MSE: I)."""
     if kind == "ce":

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -100,13 +100,6 @@ def copy_verified(src: Path, dst: Path, sha256: Optional[str], *, gunzip: bool =
             raise DataError(f"{what}: {src} gives SHA-256 {h.hexdigest()[:12]}…, expected {sha256[:12]}… "
                             f"after {'decompression' if gunzip else 'copying'}; the mirror copy is corrupt, "
                             f"replace it with a good copy")
-
-
-def find_first(candidates: Iterable[Optional[Path]]) -> Optional[Path]:
-    for c in candidates:
-        if c is not None and Path(c).exists():
-            return Path(c)
-    return None
 
 
 def signature(paths: Sequence[Path]) -> list:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -37,7 +37,6 @@ class FLSetup:
     local_accuracy: bool = False          # also evaluate each client model before aggregation (FOLA's LA)
     cache: Optional[ClientStageCache] = None
     stage_parts: Optional[Dict[str, Any]] = None   # what determines the client stage (data, split, model, local, seed)
-    extras: Dict[str, Any] = field(default_factory=dict)
     current_stage: Optional[Dict[str, Any]] = None  # key parts of this round's client stage if it is cacheable
     server_val: Optional[tuple] = None    # (normalised inputs, labels) of the server's validation set, or None
     server_unlabeled: Optional[Tensor] = None   # normalised inputs of the server's unlabelled set (no labels), or None

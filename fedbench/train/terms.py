@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Protocol
 
-import torch
 from torch import Tensor
 
 Params = Dict[str, Tensor]
@@ -57,7 +56,3 @@ class LinearTerm:
         v = ctx["linear"]
         return self.scale * sum((v[n] * p).sum() for n, p in params.items())
 
-
-def zero_like_loss(params: Params) -> Tensor:
-    p = next(iter(params.values()))
-    return torch.zeros((), dtype=p.dtype, device=p.device)
