@@ -48,9 +48,10 @@ def summarize(history, *, metric: str = "accuracy", last: int = 3, thresholds: S
 
 # --- what a table cell reads from one run record (a preset's ``table.columns[*].value``) ----------------------
 # ``metrics.<key>`` (final-round metrics), ``summary.<key>`` (the summaries above), a bare ``<key>`` (= metrics),
-# or ``min|max|mean(<section>.<glob>)`` over every key matching the glob (FedBEns' ``component*_accuracy``).
-_SOURCE = re.compile(r"^(?:(min|max|mean)\((.+)\)|(.+))$")
-SECTIONS = ("metrics", "summary")
+# or ``min|max|mean|sum(<section>.<glob>)`` over every key matching the glob (FedBEns' ``component*_accuracy``;
+# the cost tables' ``sum(timing.client_*_compute_s)``); sections also ``timing`` and ``communication``.
+_SOURCE = re.compile(r"^(?:(min|max|mean|sum)\((.+)\)|(.+))$")
+SECTIONS = ("metrics", "summary", "timing", "communication")   # timing / communication: the cost tables
 
 
 def parse_source(text: str) -> Tuple[Optional[str], str, str]:
@@ -64,9 +65,9 @@ def parse_source(text: str) -> Tuple[Optional[str], str, str]:
         section, key = "metrics", body
     if not key or any(c in key for c in "() \t"):
         raise FedbenchError(f"table column value {text!r}: expected metrics.<key>, summary.<key> or "
-                            f"min|max|mean(<section>.<glob>)")
+                            f"min|max|mean|sum(<section>.<glob>)")
     if how is None and any(c in key for c in "*?["):
-        raise FedbenchError(f"table column value {text!r}: a glob needs min(...), max(...) or mean(...)")
+        raise FedbenchError(f"table column value {text!r}: a glob needs min(...), max(...), mean(...) or sum(...)")
     return how, section, key
 
 
@@ -93,4 +94,4 @@ def record_value(record: Mapping[str, Any], source: str) -> Tuple[Optional[float
     vals = [x for k, v in data.items() if fnmatch.fnmatchcase(k, key) for x in [_number(v)] if x is not None]
     if not vals:
         return None, "absent"
-    return {"min": min, "max": max, "mean": lambda s: sum(s) / len(s)}[how](vals), "value"
+    return {"min": min, "max": max, "mean": lambda s: sum(s) / len(s), "sum": sum}[how](vals), "value"

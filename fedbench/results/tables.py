@@ -7,7 +7,7 @@ Table 3's λ = 0.001 column is Table 1's runs), and cells whose runs are missing
 
 By default a cell is one metric of the run's final round (``accuracy``, or the preset's ``table.metric``).
 A preset can instead declare ``table.columns``: one entry per derived column, each saying what it reads
-from a run record (``value``: ``metrics.<key>``, ``summary.<key>`` or ``min|max|mean(<section>.<glob>)``,
+from a run record (``value``: ``metrics.<key>``, ``summary.<key>``, ``timing|communication.<key>`` or ``min|max|mean|sum(<section>.<glob>)``,
 see ``fedbench.results.summaries.record_value``), which reference cells it is compared with (``metric`` and
 ``keys``, e.g. ``{threshold: 97.5}``), on which rows it applies (``where``) and whether a null summary means
 "never reached" (``never``); ``table.layout`` places row keys, ``method`` and ``column`` on the table's
@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
+from fedbench.results.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import compute_run_id, load_record, publish_record
 from fedbench.results.summaries import last_k, parse_source, record_value
 
@@ -115,7 +116,7 @@ def norm_key(v) -> str:
 
 
 # --- derived columns (table.columns) -------------------------------------------------------------------
-_SPEC_FIELDS = ("name", "value", "metric", "keys", "where", "never")
+_SPEC_FIELDS = ("name", "value", "metric", "keys", "where", "never", "per_client")
 _RESERVED = ("method", "algorithm", "seed", "profile", "run_id", "status", "missing_method", "column", "metric",
              "value", "never", "rounds")
 
@@ -124,8 +125,9 @@ class ColumnSpec:
     """One derived column of a table: what it reads from each run record and how it meets the paper's cells."""
 
     def __init__(self, name: str, value: str, metric: str = "accuracy", keys: Optional[Dict[str, Any]] = None,
-                 where: Optional[Dict[str, Any]] = None, never: bool = False):
+                 where: Optional[Dict[str, Any]] = None, never: bool = False, per_client: bool = False):
         self.name, self.value, self.metric, self.never = str(name), str(value), str(metric), bool(never)
+        self.per_client = bool(per_client)   # cost columns: per client, not per run (fedbench.results.costs)
         self.keys = dict(keys or {})
         self.where = {k: [norm_key(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
                       for k, v in (where or {}).items()}
@@ -155,6 +157,7 @@ def column_specs(meta: Dict[str, Any]) -> List[ColumnSpec]:
             raise FedbenchError(f"{where}: column name {c['name']!r} is used twice")
         names.add(c["name"])
         parse_source(c["value"])
+        check_cost_column(c, where)
         for k in c.get("where") or {}:
             if k not in rows and k not in KEY_FUNCS:
                 raise FedbenchError(f"{where}: {c['name']!r} filters on {k!r}, which is neither a row key "
@@ -163,7 +166,7 @@ def column_specs(meta: Dict[str, Any]) -> List[ColumnSpec]:
             if k in rows or k in _RESERVED:
                 raise FedbenchError(f"{where}: {c['name']!r} key {k!r} clashes with a row key or a reserved column")
         specs.append(ColumnSpec(c["name"], c["value"], c.get("metric", "accuracy"), c.get("keys"), c.get("where"),
-                                c.get("never", False)))
+                                c.get("never", False), c.get("per_client", False)))
     return specs
 
 
@@ -217,6 +220,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                     if not s.applies(c):
                         continue
                     val, state = record_value(rec, s.value) if row["status"] == "ok" else (None, "absent")
+                    val = to_paper_unit(val, s.metric, s.per_client, c.get("num_clients"))
                     rows.append({**row, "column": s.name, "metric": s.metric, **s.keys, "value": val,
                                  "never": bool(s.never and state == "null")})
                 continue
@@ -359,7 +363,8 @@ def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str 
     for k in on:  # compare as text: numeric keys print the same in both
         summary[k + "__j"] = summary[k].map(norm_key)
         ref[k + "__j"] = ref[k].map(norm_key)
-    merged = summary.merge(ref[[k + "__j" for k in on] + ["mean", "std"]].rename(
+    extra = ["scales_with"] if "scales_with" in ref else []   # FedBEns Table 4's per-mixture costs
+    merged = summary.merge(ref[[k + "__j" for k in on] + ["mean", "std"] + extra].rename(
         columns={"mean": "paper", "std": "paper_std"}), on=[k + "__j" for k in on], how="left")
     return merged.drop(columns=[k + "__j" for k in on] + ["base_method"])
 
@@ -456,7 +461,7 @@ def score(summary: pd.DataFrame, meta: Dict[str, Any]) -> Dict[str, Any]:
     if summary.empty:
         return out
     for r in summary.to_dict("records"):
-        if _missing(r.get("paper")):
+        if _missing(r.get("paper")) or is_cost(r.get("metric")):   # costs: hardware differs, never scored
             continue
         out["paper_cells"] += 1
         ok = within_tolerance(r, paper_n)
@@ -487,6 +492,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
                 metric: str = "accuracy") -> str:
     specs = column_specs(meta)
     row_keys, col_keys = table_layout(meta, summary)
+    summary = attach_ratios(summary, meta)
     recs = summary.to_dict("records")
     col_vals = list(dict.fromkeys(tuple(norm_key(r.get(k)) for k in col_keys) for r in recs))
     paper_n = paper_seeds(meta)
@@ -501,6 +507,8 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
              "`not run` = no ok record yet; `—` = no paper number; `+k stale` = k records of older numerics left out."]
     if specs:
         lines.append("Columns: " + "; ".join(f"{s.name} = `{s.value}`" for s in specs) + ".")
+        if any(is_cost(s.metric) for s in specs):
+            lines.append(header_note(meta))
         if any(s.never for s in specs):
             lines.append("`never k/m` = in k of the m finished runs the threshold was never reached "
                          "(the paper prints no number then).")
@@ -521,7 +529,8 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
         for cv in col_vals:
             hit = [r for r in recs if tuple(norm_key(r.get(k)) for k in row_keys) == rv
                    and tuple(norm_key(r.get(k)) for k in col_keys) == cv]
-            cells.append(format_cell(hit[0], paper_n, show_n=one_n is None) if hit else "")
+            cells.append(("" if not hit else format_cost_cell(hit[0], show_n=one_n is None)
+                          if is_cost(hit[0].get("metric")) else format_cell(hit[0], paper_n, show_n=one_n is None)))
         lines.append("| " + " | ".join(list(rv) + cells) + " |")
     sc = score(summary, meta)
     lines += ["", f"Within tolerance: **{sc['within']} of {sc['run']}** cells run with a paper number "
