@@ -159,10 +159,11 @@ def format_cost_cell(r: Dict[str, Any], show_n: bool = True) -> str:
     return f"{ours} ({_ratio_text(r.get('ratio'))} {base}; paper {paper}, {pr})"
 
 
-def header_note(meta: Dict[str, Any]) -> str:
-    """The cost tables' reading guide under the header."""
+def header_note(meta: Dict[str, Any], one_n: Optional[int] = None) -> str:
+    """The cost tables' reading guide under the header (``one_n``: the seeds of every cell that ran, if one)."""
     base = meta.get("cost_baseline") or "fedavg"
+    seeds = f"**n = {one_n}** seed(s) in every cell that ran" if one_n else "n seeds"
     return (f"Costs: ours in the paper's unit (min = timing seconds / 60, MB = 10^6 bytes; per client where the column "
-            f"says so), mean over seeds, then its ratio to {base}'s cost in the same row, and the paper's number with "
+            f"says so), mean over {seeds}, then its ratio to {base}'s cost in the same row, and the paper's number with "
             f"the paper's own ratio. Hardware differs, so costs get no ✓/✗ and are not counted below: compare the "
             f"ratios side by side. `·M`, `·M²`: per-mixture coefficient as the paper prints it (our cost / M^k).")

@@ -505,10 +505,13 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
              + " (sample std) / the paper's number / difference, ✓ within tolerance, ✗ outside "
              f"(|Δ| ≤ max({TOLERANCE_POINTS:g} points, 2 × the combined standard error; paper n = {paper_n or '?'})). "
              "`not run` = no ok record yet; `—` = no paper number; `+k stale` = k records of older numerics left out."]
+    only_costs = bool(specs) and all(is_cost(s.metric) for s in specs)
+    if only_costs:   # a cost table is read by its ratios, never scored (fedbench/results/costs.py)
+        lines[-1] = header_note(meta, one_n)
     if specs:
         lines.append("Columns: " + "; ".join(f"{s.name} = `{s.value}`" for s in specs) + ".")
-        if any(is_cost(s.metric) for s in specs):
-            lines.append(header_note(meta))
+        if any(is_cost(s.metric) for s in specs) and not only_costs:
+            lines.append(header_note(meta, one_n))
         if any(s.never for s in specs):
             lines.append("`never k/m` = in k of the m finished runs the threshold was never reached "
                          "(the paper prints no number then).")
@@ -533,8 +536,9 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
                           if is_cost(hit[0].get("metric")) else format_cell(hit[0], paper_n, show_n=one_n is None)))
         lines.append("| " + " | ".join(list(rv) + cells) + " |")
     sc = score(summary, meta)
-    lines += ["", f"Within tolerance: **{sc['within']} of {sc['run']}** cells run with a paper number "
-              f"({sc['paper_cells']} paper cells in this collection)."]
+    if not only_costs:
+        lines += ["", f"Within tolerance: **{sc['within']} of {sc['run']}** cells run with a paper number "
+                  f"({sc['paper_cells']} paper cells in this collection)."]
     if sc["rows"]:
         failed = "; ".join(f"{f['row']}: paper {f['paper_winner']}, ours {f['our_winner']}" for f in sc["order_failed"])
         lines.append(f"Paper's winner also wins here: **{sc['order_held']} of {sc['rows']}** rows"
