@@ -6,7 +6,14 @@ import pytest
 
 from fedbench.errors import FedbenchError
 from fedbench.results.costs import attach_ratios, format_cost_cell, to_paper_unit
-from fedbench.results.tables import attach_reference, column_specs, score, summarise, table_runs, to_markdown
+from fedbench.results.tables import (
+    attach_reference,
+    column_specs,
+    score,
+    summarise,
+    table_runs,
+    to_markdown,
+)
 from tests.test_tables import _cell, _fake_records
 
 FISHER = ["experiment=fedfisher/table1", "profile=quick", "dataset=fmnist", "model=lenet"]

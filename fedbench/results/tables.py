@@ -7,8 +7,8 @@ Table 3's λ = 0.001 column is Table 1's runs), and cells whose runs are missing
 
 By default a cell is one metric of the run's final round (``accuracy``, or the preset's ``table.metric``).
 A preset can instead declare ``table.columns``: one entry per derived column, each saying what it reads
-from a run record (``value``: ``metrics.<key>``, ``summary.<key>``, ``timing|communication.<key>`` or ``min|max|mean|sum(<section>.<glob>)``,
-see ``fedbench.results.summaries.record_value``), which reference cells it is compared with (``metric`` and
+from a run record (``value``: ``metrics.<key>``, ``summary.<key>``, ``timing|communication.<key>`` or
+``min|max|mean|sum(<section>.<glob>)``, see ``fedbench.results.summaries.record_value``), which reference cells it is compared with (``metric`` and
 ``keys``, e.g. ``{threshold: 97.5}``), on which rows it applies (``where``) and whether a null summary means
 "never reached" (``never``); ``table.layout`` places row keys, ``method`` and ``column`` on the table's
 rows or columns as the paper does (FedLap Table 3, FedBEns Table 8, FOLA Table II). ``table.label_keys``
@@ -429,6 +429,11 @@ def format_cell(r: Dict[str, Any], paper_n: Optional[int] = None, show_n: bool =
     return f"{ours} / {ref}{diff}{variant}"
 
 
+def _cell_text(r: Dict[str, Any], paper_n: Optional[int], show_n: bool) -> str:
+    """A cost cell (seconds, minutes, MB: fedbench.results.costs) or a cell compared with a tolerance."""
+    return format_cost_cell(r, show_n) if is_cost(r.get("metric")) else format_cell(r, paper_n, show_n=show_n)
+
+
 def table_layout(meta: Dict[str, Any], summary: pd.DataFrame) -> tuple:
     """(row keys, column keys) of the markdown table: ``table.layout``, or the row keys × methods
     (× derived columns)."""
@@ -532,8 +537,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
         for cv in col_vals:
             hit = [r for r in recs if tuple(norm_key(r.get(k)) for k in row_keys) == rv
                    and tuple(norm_key(r.get(k)) for k in col_keys) == cv]
-            cells.append(("" if not hit else format_cost_cell(hit[0], show_n=one_n is None)
-                          if is_cost(hit[0].get("metric")) else format_cell(hit[0], paper_n, show_n=one_n is None)))
+            cells.append(_cell_text(hit[0], paper_n, one_n is None) if hit else "")
         lines.append("| " + " | ".join(list(rv) + cells) + " |")
     sc = score(summary, meta)
     if not only_costs:
