@@ -131,7 +131,7 @@ def test_fedbens_per_mixture_coefficients_and_named_baseline():
     assert client["ratio"] == pytest.approx(6.0) and client["paper_ratio"] == pytest.approx(30.9 * 5 / 25.9)
     assert r.iloc[1]["paper_ratio"] == pytest.approx(7.2 * 25 / 1.1) and r.iloc[1]["ratio"] == pytest.approx(50.0)
     assert format_cost_cell(client) == "30.0·M s (6.00× otfusion; paper 30.9·M s, 5.97×)"
-    assert format_cost_cell(r.iloc[1].to_dict()) == "4.00·M² s (50.00× otfusion; paper 7.20·M² s, 163.64×)"
+    assert format_cost_cell(r.iloc[1].to_dict()) == "4.00·M² s (50.0× otfusion; paper 7.20·M² s, 164×)"
     no_m = {**client, "variant": ""}
     assert format_cost_cell(no_m).startswith("150 s (M unknown)")
 

@@ -135,7 +135,9 @@ def _num(x: float) -> str:
 
 
 def _ratio_text(x) -> str:
-    return "—" if _missing(x) else f"{x:.2f}×"
+    if _missing(x):
+        return "—"
+    return f"{x:.2f}×" if abs(x) < 10 else f"{_num(x)}×"   # 1.10×, 12.2×, 164×
 
 
 def format_cost_cell(r: Dict[str, Any], show_n: bool = True) -> str:
@@ -165,5 +167,5 @@ def header_note(meta: Dict[str, Any], one_n: Optional[int] = None) -> str:
     seeds = f"**n = {one_n}** seed(s) in every cell that ran" if one_n else "n seeds"
     return (f"Costs: ours in the paper's unit (min = timing seconds / 60, MB = 10^6 bytes; per client where the column "
             f"says so), mean over {seeds}, then its ratio to {base}'s cost in the same row, and the paper's number with "
-            f"the paper's own ratio. Hardware differs, so costs get no ✓/✗ and are not counted below: compare the "
-            f"ratios side by side. `·M`, `·M²`: per-mixture coefficient as the paper prints it (our cost / M^k).")
+            f"the paper's own ratio. Hardware differs, so costs get no ✓/✗ and are not scored: compare the ratios side "
+            f"by side. `·M`, `·M²`: per-mixture coefficient as the paper prints it (our cost / M^k).")
