@@ -50,6 +50,7 @@ def test_fedfisher_table1_per_client_seconds_and_ratios(tmp_path):
                                                "fedfisher_diag": (60.0, 9.0)}))
     df = table_runs(FISHER, out)
     meta = df.attrs["table"]
+    assert set(df.loc[df["method"] == "fedavg", "timing.client_train_compute_s"]) == {60.0}   # raw, per run
     s = attach_ratios(attach_reference(summarise(df), "fedfisher", "table1"), meta)
     avg, kfac, diag = (_cell(s, method=m) for m in ("fedavg", "fedfisher_kfac", "fedfisher_diag"))
     assert avg["mean"] == pytest.approx(12.0) and avg["paper"] == 14.5 and avg["metric"] == "seconds"

@@ -215,6 +215,9 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
                         "status": status,
                         "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir")})
+            # raw costs (seconds, bytes per run) beside every row: the seed-level CSV, `collect --metric timing.server_s`
+            for section in ("timing", "communication"):
+                row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
             if specs:
                 for s in specs:
                     if not s.applies(c):
@@ -227,9 +230,6 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             at_rounds = meta.get("at_rounds")
             if not at_rounds:
                 row.update(rec.get("metrics") or {})
-                # costs beside the metrics (seed-level CSV, and `collect --metric timing.server_s` tables)
-                for section in ("timing", "communication"):
-                    row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
                 rows.append(row)
                 continue
             # multi-round tables: one row per reported round, summarised from the run's history
