@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 import platform
 import subprocess
 import sys
@@ -16,11 +15,29 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import fedbench
+from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.paths import absolute_path
 from fedbench.errors import FedbenchError
 from fedbench.results.summaries import summarize
 from fedbench import numerics
 from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record, records_dir,
                                       write_csv_atomic, write_json_atomic, write_torch_atomic)
+from fedbench.algorithms import ALGORITHMS, build_algorithm
+from fedbench.config.validate import validate_config
+from fedbench.data import DATASETS, load_dataset
+from fedbench.models import build_model, count_parameters, MODELS
+from fedbench.partition import client_label_counts, make_partition, PARTITIONS
+from fedbench.results.claims import claim
+from fedbench.data.transforms import Augment
+from fedbench.fl.cache import ClientStageCache
+from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.fl.server_data import (ServerUnlabeledConfig, ServerValConfig, draw_server_unlabeled,
+                                     draw_server_val)
+from fedbench.results.loggers import make_logger
+from fedbench.train.config import LocalTrainConfig
+from fedbench.train.engine import TrainData
+from fedbench.models.pretrained import check_checkpoint_path, load_pretrained
+from fedbench.curvature.compute import curvature_seconds
 
 HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "local_accuracy", "train_loss", "cached_clients",
                    "uplink_bytes", "downlink_bytes", "client_train_s", "client_train_compute_s", "client_post_s", "client_post_compute_s", "server_s", "eval_s")
@@ -77,11 +94,6 @@ def _group(cfg: DictConfig, key: str) -> Dict[str, Any]:
 def validate(cfg: DictConfig, launch_dir: Optional[str] = None) -> None:
     """Every check that needs no data: the torch-free pass (fedbench/config/validate.py: types, ranges, group
     keys, devices, paths, profiles), then the registries and the CUDA devices torch sees. One-line FedbenchError."""
-    from fedbench.algorithms import ALGORITHMS
-    from fedbench.config.validate import validate_config
-    from fedbench.data import DATASETS
-    from fedbench.models import MODELS
-    from fedbench.partition import PARTITIONS
 
     validate_config(cfg, launch_dir=launch_dir)
     DATASETS.get(_group(cfg, "dataset")["name"])
@@ -115,7 +127,7 @@ def _finished_record(rec_path: Path, run_id: str, save_model: bool, launch_dir: 
     (results/records; a ``save_model`` run needs its weights, which only its own folder has)."""
     if is_complete(rec_path, run_id, need_model=save_model):
         return rec_path
-    stored = Path(_abs(str(records_dir()), launch_dir)) / run_id / "metrics.json"
+    stored = Path(absolute_path(str(records_dir()), launch_dir)) / run_id / "metrics.json"
     return stored if not save_model and is_complete(stored, run_id) else None
 
 
@@ -138,11 +150,6 @@ def _git_dirty() -> Optional[bool]:
     return None if out is None else bool(out)
 
 
-def _abs(path: str, base: Optional[str]) -> str:
-    p = Path(os.path.expanduser(path))
-    return str(p if p.is_absolute() else Path(base or os.getcwd()) / p)
-
-
 def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None,
             memory_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run ``cfg`` and write ``metrics.json`` + ``history.csv`` into ``output_dir``; returns the record.
@@ -150,7 +157,6 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
     A run without an ok record is claimed first (``<output_dir>/.claim``, fedbench/results/claims.py), so
     two processes never train it at once: the second waits, then ``_execute`` checks the record again and
     returns the first one's ok record as a skip, or runs it itself if the first one failed or died."""
-    from fedbench.results.claims import claim
 
     out, run_id = Path(output_dir), compute_run_id(cfg)
     if not cfg.get("force", False) and _finished_record(out / "metrics.json", run_id,
@@ -167,18 +173,6 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
 def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None,
              memory_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``execute``'s body: skip a run with an ok record, else check the config, train, write the record."""
-    from fedbench.algorithms import build_algorithm
-    from fedbench.data import load_dataset
-    from fedbench.data.transforms import Augment
-    from fedbench.fl.cache import ClientStageCache
-    from fedbench.fl.loop import FLSetup, run_rounds
-    from fedbench.fl.server_data import (ServerUnlabeledConfig, ServerValConfig, draw_server_unlabeled,
-                                         draw_server_val)
-    from fedbench.models import build_model, count_parameters
-    from fedbench.partition import client_label_counts, make_partition
-    from fedbench.results.loggers import make_logger
-    from fedbench.train.config import LocalTrainConfig
-    from fedbench.train.engine import TrainData
 
     t_start = time.perf_counter()
     out = Path(output_dir)
@@ -201,10 +195,9 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
     seed = int(cfg.seed)
     ckpt = None
     if mcfg.get("pretrained") is not None:   # checked before the data are loaded
-        from fedbench.models.pretrained import check_checkpoint_path
-        ckpt = str(check_checkpoint_path(_abs(str(mcfg["pretrained"]), launch_dir)))
+        ckpt = str(check_checkpoint_path(absolute_path(str(mcfg["pretrained"]), launch_dir)))
 
-    data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
+    data = load_dataset(dcfg["name"], absolute_path(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
     if data.approximate:
         print(f"fedbench: WARNING: {data.approximate}", file=sys.stderr)
     pparams = {k: v for k, v in pcfg.items() if k != "name"}
@@ -235,7 +228,6 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
                         **{k: v for k, v in mcfg.items() if k not in ("name", "pretrained")}).to(device)
     pretrained = None
     if ckpt is not None:   # e.g. FedFisher Table 3's Tiny-ImageNet ResNet-18; the rest keeps the seeded init
-        from fedbench.models.pretrained import load_pretrained
         pretrained = load_pretrained(model, ckpt)
     init_params = {n: p.detach().clone() for n, p in model.named_parameters()}
     set_threads(cfg.hardware.get("num_threads"), device, count_parameters(model))
@@ -272,7 +264,7 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
                     conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
                     eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
                     local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
-                    cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
+                    cache=ClientStageCache(absolute_path(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
                     stage_parts=stage_parts, server_val=server_val, server_unlabeled=server_unlabeled)
     algo = build_algorithm(acfg, setup)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -293,7 +285,6 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
         history.append(row)
         logger.log_round(row)
 
-    from fedbench.curvature.compute import curvature_seconds
     curv_t0 = curvature_seconds()
     status, error = "failed", None
     final_state = None
@@ -395,36 +386,6 @@ def _save_model(out: Path, params, clients, mcfg: Dict[str, Any], data, run_id: 
     return saved
 
 
-def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:
-    """``aggregators: [fedavg, fednova, {name: fedprox, mu: 0.1}, ...]`` -> one full config per aggregator.
-
-    Each gets the algorithm group's YAML (updated by the dict's keys), so its run_id equals that of
-    a plain ``algorithm=<name>`` run and the records are interchangeable; all share the cached clients.
-    """
-    out = []
-    for entry in cfg.aggregators:
-        entry = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
-        name = entry if isinstance(entry, str) else entry.get("name") if isinstance(entry, dict) else None
-        path = conf_dir / "algorithm" / f"{name}.yaml"
-        if not name or not path.exists():
-            if allow_missing and name:   # collect: mark the column as not implemented yet
-                algo = OmegaConf.create({"name": name, "_missing": True})
-                sub = OmegaConf.merge(cfg, {"aggregators": None})
-                sub.algorithm = algo
-                out.append(sub)
-                continue
-            options = sorted(p.stem for p in (conf_dir / "algorithm").glob("*.yaml"))
-            raise FedbenchError(f"aggregators: algorithm {entry!r} is not implemented yet (no conf/algorithm/"
-                                f"{name}.yaml); available: {', '.join(options)}")
-        algo = OmegaConf.load(path)
-        if isinstance(entry, dict):   # the entry's name picks the YAML (e.g. dense_fedfisher, whose method is dense)
-            algo = OmegaConf.merge(algo, {k: v for k, v in entry.items() if k != "name"})
-        sub = OmegaConf.merge(cfg, {"aggregators": None})
-        sub.algorithm = algo
-        out.append(sub)
-    return out
-
-
 def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, launch_dir: Optional[str] = None):
     """Run ``cfg``, or, when ``aggregators`` is a list, every aggregator on the same (cached) clients.
 
@@ -436,7 +397,7 @@ def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, laun
     subs = expand_aggregators(cfg, conf_dir)
     for sub in subs:   # reject every bad entry before training any of them
         validate(sub)
-    root = Path(_abs(cfg.paths.output_root, launch_dir)) / "runs"
+    root = Path(absolute_path(cfg.paths.output_root, launch_dir)) / "runs"
     records, failed = [], []
     memory = {} if not cfg.get("cache", True) else None   # cache=false: the list still trains its clients once
     for sub in subs:

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from fedbench.errors import FedbenchError  # noqa: E402
-from fedbench.launch.sweep import submit, validate_cluster  # noqa: E402
+from fedbench.launch.submit import submit, validate_cluster  # noqa: E402
 
 
 def slurm_params_from_env() -> dict:

@@ -15,6 +15,7 @@ from fedbench.eval.metrics import evaluate
 from fedbench.train.config import LocalTrainConfig
 from fedbench.fl.cache import ClientStageCache
 from fedbench.train.engine import TrainData, TrainResult, train_clients
+from fedbench.errors import FedbenchError
 
 
 @dataclass
@@ -55,13 +56,11 @@ class FLSetup:
     def require_server_val(self, method: str) -> None:
         """Called from a method's __init__ (before training) when it needs server validation data."""
         if self.server_val is None:
-            from fedbench.errors import FedbenchError
             raise FedbenchError(f"{method} needs a server validation set: set server_val.size (the papers use 500)")
 
     def require_server_unlabeled(self, method: str) -> None:
         """Called from a method's __init__ (before training) when it distils on unlabelled server data."""
         if self.server_unlabeled is None:
-            from fedbench.errors import FedbenchError
             raise FedbenchError(f"{method} needs unlabelled server data: set server_unlabeled.size "
                                 f"(and server_unlabeled.mode: holdout | sampled_from_train)")
 

@@ -43,9 +43,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from omegaconf import OmegaConf
+import numpy as np
 
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import client_generator, epoch_batches
+from fedbench.data import load_dataset
+from fedbench.partition import make_partition
+from fedbench.models import build_model
+from fedbench.runner import resolve_device, set_threads
 
 #: method name -> (curvature, style); Fig. 10/11's seven curves
 METHODS: Dict[str, Tuple[str, str]] = {
@@ -484,7 +490,6 @@ STUDY_KEYS: Dict[str, Any] = {
 def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
     """(the ``study`` block with defaults, the StudyConfig) from a composed config; one-line FedbenchError on
     bad input, before any data are loaded."""
-    from omegaconf import OmegaConf
 
     block = OmegaConf.to_container(cfg.get("study") or {}, resolve=True)
     unknown = sorted(set(block) - set(STUDY_KEYS))
@@ -519,11 +524,7 @@ def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
 
 
 def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, dtype):
-    import numpy as np
-    from omegaconf import OmegaConf
 
-    from fedbench.data import load_dataset
-    from fedbench.partition import make_partition
 
     dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
@@ -558,7 +559,6 @@ def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, 
 
 def initial_theta(seed: int, in_features: int, num_classes: int) -> Tensor:
     """fedbench's softmax_regression initialisation under ``seed`` (as run.py: manual_seed, then build)."""
-    from fedbench.models import build_model
 
     torch.manual_seed(seed)
     model = build_model("softmax_regression", input_shape=(in_features,), num_classes=num_classes,
@@ -575,7 +575,6 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     ``out_dir``; returns what the run record adds (files, client sizes, summary)."""
     import pandas as pd
 
-    from fedbench.runner import resolve_device, set_threads
 
     st, study = study_settings(cfg)
     if str(cfg.model.name) != "softmax_regression":

@@ -36,14 +36,35 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import copy
+import time
+import shutil
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
+from fedbench.config.paths import absolute_path
+from fedbench.curvature.engine import KFAC_ALPHA, find_layers, input_patches, output_locations
+from fedbench.curvature.layout import ParamLayout
+from fedbench.curvature.likelihood import true_fisher_vectors
+from fedbench.models import build_model, count_parameters
+from fedbench.runner import resolve_backend, resolve_device, set_threads, validate
+from fedbench.data import load_dataset
+from fedbench.fl.cache import ClientStageCache
+from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.fl.server_data import ServerValConfig, draw_server_val
+from fedbench.partition import make_partition
+from fedbench.train.config import LocalTrainConfig
+from fedbench.train.engine import TrainData
+from fedbench.algorithms import build_algorithm
+from fedbench.algorithms.base import weighted_average
+from fedbench.algorithms.fedfisher import decode_any
+from fedbench.eval.metrics import evaluate
 
 CASES = ("local_model_client1", "aggregate", "aggregate_plus_client1_kfac")
 CASE_LABELS = {"local_model_client1": "(i) client 1's local model",
@@ -82,16 +103,13 @@ def kfac_factors(model: nn.Module, x: Tensor, *, conv_convention: str = "nngeome
     """{layer: (A, G)} of the true-Fisher K-FAC (exact expectation over the classes, mean over the batch) of
     ``model`` on ``x``, in ``compute_curvature(structure="kfac", fisher="true", scale="mean")``'s conventions, but
     with the graph kept (``create_graph``) so that the factors can be differentiated w.r.t. ``x``."""
-    from fedbench.curvature.engine import _KFAC_ALPHA, find_layers, input_patches, output_locations
-    from fedbench.curvature.layout import ParamLayout
-    from fedbench.curvature.likelihood import true_fisher_vectors
 
     layout = ParamLayout.from_module(model)
     layers, problems = find_layers(model, layout)
     if problems:
         raise FedbenchError(f"K-FAC needs every trainable parameter in nn.Linear / nn.Conv2d: {problems[0]}")
-    if conv_convention not in _KFAC_ALPHA and conv_convention != "reduce":
-        raise FedbenchError(f"conv_convention must be one of {', '.join(list(_KFAC_ALPHA) + ['reduce'])}, "
+    if conv_convention not in KFAC_ALPHA and conv_convention != "reduce":
+        raise FedbenchError(f"conv_convention must be one of {', '.join(list(KFAC_ALPHA) + ['reduce'])}, "
                             f"got {conv_convention!r}")
     ins: Dict[str, Tensor] = {}
     outs: Dict[str, Tensor] = {}
@@ -124,7 +142,7 @@ def kfac_factors(model: nn.Module, x: Tensor, *, conv_convention: str = "nngeome
                 s = D.sum(2)
                 gk = s.t() @ s
             else:
-                gk = torch.einsum("nos,nps->op", D, D) * _KFAC_ALPHA[conv_convention][1](S)
+                gk = torch.einsum("nos,nps->op", D, D) * KFAC_ALPHA[conv_convention][1](S)
             gg[l.name] = gg[l.name] + gk
     out: Dict[str, Tuple[Tensor, Tensor]] = {}
     for l in layers:
@@ -137,7 +155,7 @@ def kfac_factors(model: nn.Module, x: Tensor, *, conv_convention: str = "nngeome
                 a = torch.cat([a, ones], 1)
             A = a.t() @ a / N
         else:
-            alpha = _KFAC_ALPHA[conv_convention][0](S)
+            alpha = KFAC_ALPHA[conv_convention][0](S)
             if l.bias is not None and bias_augment:
                 P = torch.cat([P, torch.ones(N, 1, S, dtype=P.dtype, device=P.device)], 1)
             A = torch.einsum("njs,nks->jk", P, P) * (alpha / N)
@@ -273,7 +291,6 @@ def train_evaluator(x: Tensor, y: Tensor, *, hidden: Sequence[int], epochs: int,
                     num_classes: int, seed: int, normalize=lambda t: t) -> nn.Module:
     """The independent evaluation classifier [I]: an MLP (not the attacked LeNet) trained with Adam on the
     full training set (``x`` raw images in [0, 1])."""
-    from fedbench.models import build_model
 
     torch.manual_seed(seed)
     model = build_model("mlp", input_shape=tuple(x.shape[1:]), num_classes=num_classes,
@@ -303,7 +320,6 @@ def predict(model: nn.Module, x: Tensor, batch_size: int = 2048) -> Tensor:
 # ---- config --------------------------------------------------------------------------------------------------
 def study_settings(cfg) -> Dict[str, Any]:
     """The ``study`` block with defaults, checked (one-line FedbenchError) before any data are loaded."""
-    from omegaconf import OmegaConf
 
     block = OmegaConf.to_container(cfg.get("study") or {}, resolve=True)
     unknown = sorted(set(block) - set(STUDY_KEYS))
@@ -345,7 +361,6 @@ def study_settings(cfg) -> Dict[str, Any]:
         raise FedbenchError(f"the GMI study needs num_clients >= 2, got {cfg.num_clients}")
     if int(cfg.rounds) != 1:
         raise FedbenchError(f"the GMI study attacks one-shot aggregates: rounds must be 1, got {cfg.rounds}")
-    from fedbench.runner import validate
     validate(cfg)
     return st
 
@@ -354,17 +369,7 @@ def study_settings(cfg) -> Dict[str, Any]:
 def _setup(cfg, launch_dir: Optional[str]):
     """Data, partition, template model, seeded initialisation and FLSetup, as ``fedbench.runner.execute`` builds
     them (so the client stage shares the run cache with ordinary runs of the same settings)."""
-    from omegaconf import OmegaConf
 
-    from fedbench.data import load_dataset
-    from fedbench.fl.cache import ClientStageCache
-    from fedbench.fl.loop import FLSetup
-    from fedbench.fl.server_data import ServerValConfig, draw_server_val
-    from fedbench.models import build_model, count_parameters
-    from fedbench.partition import make_partition
-    from fedbench.runner import _abs, resolve_backend, resolve_device, set_threads
-    from fedbench.train.config import LocalTrainConfig
-    from fedbench.train.engine import TrainData
 
     dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
@@ -373,7 +378,7 @@ def _setup(cfg, launch_dir: Optional[str]):
     device = resolve_device(str(cfg.hardware.device))
     backend = resolve_backend(cfg.hardware.backend, device)
     seed = int(cfg.seed)
-    data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
+    data = load_dataset(dcfg["name"], absolute_path(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
     if data.task != "classification" or tuple(data.input_shape) != (1, 28, 28):
         raise FedbenchError(f"the GMI study's GAN is built for 1x28x28 images, got {dcfg['name']} "
                             f"{tuple(data.input_shape)}")
@@ -406,13 +411,12 @@ def _setup(cfg, launch_dir: Optional[str]):
                     local=local, seed=seed, device=device, task=data.task, backend=backend,
                     conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
                     eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
-                    cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None),
+                    cache=ClientStageCache(absolute_path(cache_dir, launch_dir) if cache_dir else None),
                     stage_parts=stage_parts, server_val=server_val)
     return data, parts, setup, init
 
 
 def _load(template: nn.Module, params: Mapping[str, Tensor]) -> nn.Module:
-    import copy
 
     m = copy.deepcopy(template)
     with torch.no_grad():
@@ -455,16 +459,9 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     """Train the clients, build the three attack targets, train the GAN and the evaluator, attack, evaluate;
     write ``attack.csv``, ``figure4.png`` and ``reconstructions.pt`` into ``out_dir``; return what the run
     record adds (``metrics.attack_accuracy_<case>`` in %, sizes, traces)."""
-    import time
 
     import pandas as pd
-    from omegaconf import OmegaConf
 
-    from fedbench.algorithms import build_algorithm
-    from fedbench.algorithms.base import weighted_average
-    from fedbench.algorithms.fedfisher import decode_any
-    from fedbench.eval.metrics import evaluate
-    from fedbench.fl.loop import run_rounds
 
     log = log or (lambda *_: None)
     st = study_settings(cfg)
@@ -576,7 +573,6 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
 
 def publish(runs: Sequence[Mapping[str, Any]], figures_dir: Path, profile: str) -> List[Path]:
     """Copy the first finished run's Fig. 4 grid to ``results/figures/fedfisher_figure4[_<profile>].png``."""
-    import shutil
 
     for r in runs:
         src = Path(r["dir"]) / "figure4.png"
