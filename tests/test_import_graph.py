@@ -13,7 +13,7 @@ own layer or any lower one:
     train     train, curvature                               (local training, posterior curvature)
     methods   algorithms                                     (one module per method)
     fl        fl                                             (the round loop, client-stage cache, server data)
-    run       runner, results.loggers                        (one config end to end -> one record)
+    run       run, runner, results.loggers                   (one config end to end -> one record)
     launch    launch                                         (sweeps, local parallel jobs, Slurm)
     report    results                                        (tables, figures, scoreboard from records)
     studies   studies                                        (paper studies that drive runs and figures)
@@ -36,7 +36,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("fedbench.train", "fedbench.curvature"),
     ("fedbench.algorithms",),
     ("fedbench.fl",),
-    ("fedbench.runner", "fedbench.results.loggers"),
+    ("fedbench.run", "fedbench.runner", "fedbench.results.loggers"),
     ("fedbench.launch",),
     ("fedbench.results",),
     ("fedbench.studies",),

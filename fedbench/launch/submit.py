@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 from typing import Dict, Sequence
 
-from fedbench.errors import FedbenchError
 from fedbench.launch.jobs import local_slice, run_job
 from fedbench.launch.parallel import default_jobs, slices
 from fedbench.launch.sweep import plan
@@ -39,9 +38,3 @@ def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | No
         return executor.map_array(local_slice, parts, [launch_dir] * len(parts)), todo, done
     jobs = executor.map_array(run_job, todo, [launch_dir] * len(todo))
     return jobs, todo, done
-
-
-def validate_cluster(cluster: str) -> str:
-    if cluster not in ("slurm", "local", "debug", "auto"):
-        raise FedbenchError(f"--cluster must be slurm, local, debug or auto, got '{cluster}'")
-    return cluster

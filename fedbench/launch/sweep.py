@@ -19,6 +19,7 @@ from fedbench.config import CONF_DIR
 from fedbench.config.compose import allow_pretrained, compose_config, parse_overrides
 from fedbench.config.profiles import quote_value, set_overrides, table_profile
 from fedbench.config.validate import validate_config
+from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
 from fedbench.results.records import compute_run_id, find_record_dir, read_record
 from fedbench.config.aggregators import expand_aggregators
@@ -145,6 +146,12 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
             finished = _finished(cfg, launch_dir)
         (done if finished and not force else todo).append(ovs)
     return todo, done
+
+
+def validate_cluster(cluster: str) -> str:
+    if cluster not in ("slurm", "local", "debug", "auto"):
+        raise FedbenchError(f"--cluster must be slurm, local, debug or auto, got '{cluster}'")
+    return cluster
 
 
 def missing_methods(overrides: Sequence[str]) -> List[str]:

@@ -51,7 +51,7 @@ from fedbench.train.engine import client_generator, epoch_batches
 from fedbench.data import load_dataset
 from fedbench.partition import make_partition
 from fedbench.models import build_model
-from fedbench.runner import resolve_device, set_threads
+from fedbench.run.setup import normalization, resolve_device, set_threads
 
 #: method name -> (curvature, style); Fig. 10/11's seven curves
 METHODS: Dict[str, Tuple[str, str]] = {
@@ -540,7 +540,7 @@ def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, 
     if st["max_per_client"]:
         rng = np.random.default_rng(seed)
         parts = [np.sort(rng.choice(p, size=min(st["max_per_client"], len(p)), replace=False)) for p in parts]
-    mean, std = (data.mean, data.std) if dcfg.get("normalize", True) else (None, None)
+    mean, std = normalization(dcfg.get("normalize", True), (data.mean, data.std))
 
     def flat(x: Tensor) -> Tensor:
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()

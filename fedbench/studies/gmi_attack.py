@@ -48,19 +48,13 @@ from torch import Tensor
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
-from fedbench.config.paths import absolute_path
 from fedbench.curvature.engine import KFAC_ALPHA, find_layers, input_patches, output_locations
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.likelihood import true_fisher_vectors
-from fedbench.models import build_model, count_parameters
-from fedbench.runner import resolve_backend, resolve_device, set_threads, validate
-from fedbench.data import load_dataset
-from fedbench.fl.cache import ClientStageCache
-from fedbench.fl.loop import FLSetup, run_rounds
-from fedbench.fl.server_data import ServerValConfig, draw_server_val
-from fedbench.partition import make_partition
-from fedbench.train.config import LocalTrainConfig
-from fedbench.train.engine import TrainData
+from fedbench.models import build_model
+from fedbench.run.setup import build_setup
+from fedbench.runner import validate
+from fedbench.fl.loop import run_rounds
 from fedbench.algorithms import build_algorithm
 from fedbench.algorithms.base import weighted_average
 from fedbench.algorithms.fedfisher import decode_any
@@ -367,53 +361,16 @@ def study_settings(cfg) -> Dict[str, Any]:
 
 # ---- from a config -------------------------------------------------------------------------------------------
 def _setup(cfg, launch_dir: Optional[str]):
-    """Data, partition, template model, seeded initialisation and FLSetup, as ``fedbench.runner.execute`` builds
-    them (so the client stage shares the run cache with ordinary runs of the same settings)."""
-
-
-    dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
-    pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
-    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
-    local = LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
-    device = resolve_device(str(cfg.hardware.device))
-    backend = resolve_backend(cfg.hardware.backend, device)
-    seed = int(cfg.seed)
-    data = load_dataset(dcfg["name"], absolute_path(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
-    if data.task != "classification" or tuple(data.input_shape) != (1, 28, 28):
-        raise FedbenchError(f"the GMI study's GAN is built for 1x28x28 images, got {dcfg['name']} "
-                            f"{tuple(data.input_shape)}")
-    sval = ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True)
-                                    if cfg.get("server_val") is not None else None)
-    if sval.mode == "holdout" and sval.size > 0:
+    """Data, partition, FLSetup and seeded initialisation, from ``fedbench.run.setup.build_setup`` as every run
+    (so the client stage shares the run cache with ordinary runs of the same settings)."""
+    if str(cfg.server_val.get("mode")) == "holdout" and int(cfg.server_val.get("size") or 0) > 0:
         raise FedbenchError("the GMI study does not support server_val.mode=holdout")
-    val_idx, _ = draw_server_val(sval, len(data.train_y), seed)
-    labels = np.asarray(data.train_y.cpu())
-    parts = make_partition(pcfg["name"], labels, int(cfg.num_clients), seed, num_classes=data.num_classes or None,
-                           **{k: v for k, v in pcfg.items() if k != "name"})
-    torch.manual_seed(seed)
-    model = build_model(mcfg["name"], input_shape=tuple(data.input_shape), num_classes=data.num_classes,
-                        **{k: v for k, v in mcfg.items() if k not in ("name", "pretrained")}).to(device)
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    set_threads(cfg.hardware.get("num_threads"), device, count_parameters(model))
-    data = data.to(device)
-    mean, std = (data.mean, data.std) if dcfg.get("normalize", True) else (None, None)
-    train = TrainData(data.train_x, data.train_y, mean, std, None, data.task)
-    test = TrainData(data.test_x, data.test_y, mean, std, None, data.task)
-    cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
-    stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
-                   "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
-    server_val = None
-    if val_idx is not None:
-        vi = torch.as_tensor(val_idx, dtype=torch.long, device=device)
-        server_val = (train.inputs(vi), data.train_y[vi])
-    setup = FLSetup(model=model, train=train, test_inputs=test.inputs, test_y=data.test_y,
-                    client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
-                    local=local, seed=seed, device=device, task=data.task, backend=backend,
-                    conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
-                    eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
-                    cache=ClientStageCache(absolute_path(cache_dir, launch_dir) if cache_dir else None),
-                    stage_parts=stage_parts, server_val=server_val)
-    return data, parts, setup, init
+    run = build_setup(cfg, launch_dir)
+    data = run.data
+    if data.task != "classification" or tuple(data.input_shape) != (1, 28, 28):
+        raise FedbenchError(f"the GMI study's GAN is built for 1x28x28 images, got {cfg.dataset.name} "
+                            f"{tuple(data.input_shape)}")
+    return data, run.parts, run.fl, run.init_params
 
 
 def _load(template: nn.Module, params: Mapping[str, Tensor]) -> nn.Module:
