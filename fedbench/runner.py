@@ -29,13 +29,10 @@ from fedbench.results.claims import claim
 from fedbench.results.loggers import make_logger
 from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record, records_dir,
                                       write_csv_atomic, write_json_atomic, write_torch_atomic)
+from fedbench.results.schema import HISTORY_COLUMNS, RoundLog, final_metrics, totals
 from fedbench.results.summaries import summarize
 from fedbench.run.setup import RunSetup, build_setup, config_group, resolve_backend, resolve_device
 
-HISTORY_COLUMNS = ("round", "accuracy", "nll", "ece", "mse", "local_accuracy", "train_loss", "cached_clients",
-                   "uplink_bytes", "downlink_bytes", "client_train_s", "client_train_compute_s", "client_post_s", "client_post_compute_s", "server_s", "eval_s")
-_NON_METRICS = {"round", "train_loss", "cached_clients", "uplink_bytes", "downlink_bytes", "client_train_s",
-                "client_train_compute_s", "client_post_s", "client_post_compute_s", "server_s", "eval_s"}
 
 
 def validate(cfg: DictConfig, launch_dir: Optional[str] = None) -> None:
@@ -140,13 +137,8 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
     started = _dt.datetime.now().isoformat(timespec="seconds")
     history: List[Dict[str, Any]] = []
 
-    def on_round(log):
-        row = {"round": log.round, **log.metrics, "train_loss": log.train_loss, "cached_clients": log.cached_clients,
-               "uplink_bytes": log.uplink_bytes,
-               "downlink_bytes": log.downlink_bytes, "client_train_s": log.client_train_s,
-               "client_train_compute_s": log.client_train_compute_s,
-               "client_post_s": log.client_post_s, "client_post_compute_s": log.client_post_compute_s,
-               "server_s": log.server_s, "eval_s": log.eval_s}
+    def on_round(log: RoundLog):
+        row = log.row()
         history.append(row)
         logger.log_round(row)
 
@@ -180,8 +172,7 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
             error: Optional[str], timing: Dict[str, float], saved: Dict[str, str], started: str) -> Dict[str, Any]:
     """The run record (metrics.json) of a finished or failed run."""
     dcfg, pcfg, mcfg, acfg = (config_group(cfg, k) for k in ("dataset", "partition", "model", "algorithm"))
-    final = history[-1] if history else {}
-    cache = run.fl.cache
+    cache, sums = run.fl.cache, totals(history)
     return {
         "run_id": compute_run_id(cfg),
         "status": status,
@@ -194,20 +185,12 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
         "partition": {"name": pcfg["name"], "client_sizes": run.client_sizes,
                       "client_label_counts": run.client_label_counts()},
         "model": {"name": mcfg["name"], "num_parameters": count_parameters(run.fl.model), "pretrained": run.pretrained},
-        "metrics": {k: v for k, v in final.items() if k not in _NON_METRICS},
+        "metrics": final_metrics(history),
         "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
                              thresholds=list(cfg.eval.get("thresholds") or [])),
         "cache": {"dir": cache.root and str(cache.root), "hits": cache.hits, "misses": cache.misses},
-        "communication": {"uplink_bytes": sum(h["uplink_bytes"] for h in history),
-                          "downlink_bytes": sum(h["downlink_bytes"] for h in history)},
-        "timing": {"total_s": timing["total_s"],
-                   "client_train_s": sum(h["client_train_s"] for h in history),
-                   "client_train_compute_s": sum(h["client_train_compute_s"] for h in history),
-                   "client_post_s": sum(h["client_post_s"] for h in history),
-                   "client_post_compute_s": sum(h["client_post_compute_s"] for h in history),
-                   "server_s": sum(h["server_s"] for h in history),
-                   "curvature_s": timing["curvature_s"],
-                   "eval_s": sum(h["eval_s"] for h in history)},
+        "communication": sums["communication"],
+        "timing": {"total_s": timing["total_s"], **sums["timing"], "curvature_s": timing["curvature_s"]},
         "rounds_completed": len(history),
         "saved": saved,   # save_model=true: file names (beside this record) of the final / client weights
         "numerics": numerics.current(acfg["name"]),   # stale when the arithmetic changes (fedbench/numerics.py)

@@ -7,7 +7,7 @@ The layers, lowest first. A module's layer is the entry with the longest matchin
 own layer or any lower one:
 
     base      errors, registry, numerics, checksums          (no fedbench imports but each other)
-    store     results.records / claims / summaries           (torch-free run-record files, run ids, claims)
+    store     results.records / claims / summaries / schema  (torch-free run records: schema, files, ids, claims)
     config    config                                         (torch-free composition, validation, preset specs)
     data      data, partition, models, eval                  (tensors, splits, networks, metrics)
     train     train, curvature                               (local training, posterior curvature)
@@ -30,7 +30,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedbench"
 
 LAYERS: List[Tuple[str, ...]] = [
     ("fedbench", "fedbench.errors", "fedbench.registry", "fedbench.numerics", "fedbench.checksums"),
-    ("fedbench.results.records", "fedbench.results.claims", "fedbench.results.summaries"),
+    ("fedbench.results.records", "fedbench.results.claims", "fedbench.results.summaries", "fedbench.results.schema"),
     ("fedbench.config",),
     ("fedbench.data", "fedbench.partition", "fedbench.models", "fedbench.eval"),
     ("fedbench.train", "fedbench.curvature"),

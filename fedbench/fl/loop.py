@@ -14,6 +14,7 @@ from fedbench.algorithms.base import Algorithm, tensor_bytes
 from fedbench.eval.metrics import evaluate
 from fedbench.train.config import LocalTrainConfig
 from fedbench.fl.cache import ClientStageCache
+from fedbench.results.schema import RoundLog
 from fedbench.train.engine import TrainData, TrainResult, train_clients
 from fedbench.errors import FedbenchError
 
@@ -74,23 +75,6 @@ class FLSetup:
         """(inputs, targets) of one client's training data, normalised, on the device (no augmentation)."""
         idx = self.client_indices[client_id]
         return self.train.inputs(idx), self.train.y[idx]
-
-
-@dataclass
-class RoundLog:
-    round: int
-    metrics: Dict[str, float]
-    client_train_s: float
-    client_post_s: float      # client work after training (curvature, compression)
-    server_s: float
-    eval_s: float
-    uplink_bytes: int
-    downlink_bytes: int
-    train_loss: float
-    cached_clients: bool = False
-    client_train_compute_s: float = 0.0   # what training these clients cost when it ran (also when loaded from the cache)
-    client_post_compute_s: float = 0.0    # client_post_s plus what the per-client products served from the cache
-                                          # (curvature, Gram matrices, ...) cost when they were computed
 
 
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
