@@ -171,3 +171,20 @@ def test_imports_inside_functions_only_for_lazy_packages(graph):
     bad = [f"{m}:{line} imports {top if t is None else t} inside a function" for m, imps in graph[1].items()
            for t, _, inside, line, top in imps if inside and (t is not None or top not in LAZY_PACKAGES)]
     assert not bad, "\n".join(bad)
+
+
+# ---- short functions (issue 17: a god function in the runner) --------------------------------------------------
+MAX_FUNCTION_LINES = 80
+# left for the curvature speed work, which is changing this function at the same time
+LONG_FUNCTIONS_LEFT = {"fedbench.curvature.compute._compute"}
+
+
+def test_functions_are_short(graph):
+    long = []
+    for module, path in graph[0].items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and f"{module}.{node.name}" not in LONG_FUNCTIONS_LEFT:
+                    long.append(f"{module}.{node.name}: {lines} lines")
+    assert not long, "\n".join(long)

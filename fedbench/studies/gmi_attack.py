@@ -416,24 +416,50 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     """Train the clients, build the three attack targets, train the GAN and the evaluator, attack, evaluate;
     write ``attack.csv``, ``figure4.png`` and ``reconstructions.pt`` into ``out_dir``; return what the run
     record adds (``metrics.attack_accuracy_<case>`` in %, sizes, traces)."""
-
-    import pandas as pd
-
-
     log = log or (lambda *_: None)
     st = study_settings(cfg)
-    seed = int(cfg.seed)
-    label = int(st["target_label"])
+    seed, label = int(cfg.seed), int(st["target_label"])
     timing: Dict[str, float] = {}
     t0 = time.perf_counter()
     data, parts, setup, init = _setup(cfg, launch_dir)
-    dev = setup.device
     sizes = [int(len(p)) for p in parts]
     log(f"clients: {sizes} (client 1: {int((np.asarray(data.train_y.cpu())[parts[0]] == label).sum())} x {label})")
+    tg = _targets(cfg, setup, init, sizes)
+    timing["clients_and_aggregates_s"] = time.perf_counter() - t0
+    log("test accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in tg["accuracy"].items()))
 
-    # (1) clients + FedFisher(K-FAC) (whose clients are the plain FedAvg clients, cached under the same key)
-    acfg = OmegaConf.to_container(cfg.algorithm, resolve=True)
-    algo = build_algorithm(acfg, setup)
+    t1 = time.perf_counter()
+    aux_labels, (G, D, gan_trace) = _server_gan(st, setup, data, parts, seed, log)
+    timing["gan_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    evaluator, eval_acc = _evaluator(st, setup, data, seed)
+    timing["evaluator_s"] = time.perf_counter() - t2
+    log(f"evaluator test accuracy {eval_acc:.2f}")
+
+    # (4) the attack per case
+    acc = tg["accuracy"]
+    metrics: Dict[str, float] = {"evaluator_test_accuracy": eval_acc, "client1_test_accuracy": acc["client1"],
+                                 "fedavg_test_accuracy": acc["fedavg"], "fedfisher_test_accuracy": acc["fedfisher"]}
+    rows, images, traces = [], {}, {}
+    for case in st["cases"]:
+        t3 = time.perf_counter()
+        row, images[case], traces[case] = _attack_case(case, st, setup, tg, G, D, evaluator, seed, data.num_classes)
+        metrics[f"attack_accuracy_{case}"] = row["attack_accuracy"]
+        metrics[f"target_model_agreement_{case}"] = row["target_model_says_target"]
+        rows.append({**row, "seconds": time.perf_counter() - t3})
+        timing[f"attack_{case}_s"] = time.perf_counter() - t3
+        log(f"case {case}: attack accuracy {row['attack_accuracy']:.1f}% (target model says {label}: "
+            f"{row['target_model_says_target']:.1f}%)")
+    files = _write_outputs(Path(out_dir), rows, images, metrics, st, label, seed, cfg.get("profile"))
+    return {"files": files, "metrics": metrics, "client_sizes": sizes, "aux_label_counts": aux_labels.tolist(),
+            "gan_trace": gan_trace, "attack_traces": traces, "study_timing": timing,
+            "uplink_bytes": int(tg["logs"][-1].uplink_bytes) if tg["logs"] else None}
+
+
+def _targets(cfg, setup, init, sizes: List[int]) -> Dict[str, Any]:
+    """(1) clients + FedFisher(K-FAC) (whose clients are the plain FedAvg clients, cached under the same key):
+    the three attacked models, client 1's K-FAC as the server decodes it, and their test accuracies."""
+    algo = build_algorithm(OmegaConf.to_container(cfg.algorithm, resolve=True), setup)
     captured: Dict[int, Any] = {}
     upload = algo.client_message
 
@@ -447,85 +473,78 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     fedfisher_params = algo.predict_params(state)
     fedavg_params = weighted_average(client_params, sizes)
     # client 1's K-FAC exactly as uploaded (compressed if the algorithm compresses) and decoded by the server
+    dev = setup.device
     payload = algo._curvature_payload(0, client_params[0], 1)["factors"]
     kfac1 = {sp.module: (decode_any(payload[sp.module]["A"]).to(dev), decode_any(payload[sp.module]["G"]).to(dev))
              for sp in algo.specs}
-    timing["clients_and_aggregates_s"] = time.perf_counter() - t0
     ev = dict(task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
     acc = {name: evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
            for name, p in (("client1", client_params[0]), ("fedavg", fedavg_params), ("fedfisher", fedfisher_params))}
-    log("test accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in acc.items()))
-    targets = {"local_model_client1": client_params[0], "aggregate": fedavg_params,
-               "aggregate_plus_client1_kfac": fedfisher_params}
+    models = {"local_model_client1": client_params[0], "aggregate": fedavg_params,
+              "aggregate_plus_client1_kfac": fedfisher_params}
+    return {"models": models, "kfac1": kfac1, "accuracy": acc, "logs": logs,
+            "conv": getattr(algo, "conv_convention", "nngeometry")}
 
-    # (2) the server's auxiliary data: aux_size samples of clients 2..K, uniformly without replacement [I]
-    t1 = time.perf_counter()
+
+def _server_gan(st, setup, data, parts, seed: int, log):
+    """(2) the server's auxiliary data: aux_size samples of clients 2..K, uniformly without replacement [I];
+    returns (their label counts, the trained (G, D, trace))."""
     pool = np.concatenate([np.asarray(p) for p in parts[1:]])
     if st["aux_size"] > len(pool):
         raise FedbenchError(f"study.aux_size={st['aux_size']} exceeds the {len(pool)} samples of clients 2..K")
     aux = np.sort(np.random.default_rng([seed, 0xA0C5]).choice(pool, size=st["aux_size"], replace=False))
-    aux_t = torch.as_tensor(aux, dtype=torch.long, device=dev)
+    aux_t = torch.as_tensor(aux, dtype=torch.long, device=setup.device)
     aux_labels = np.bincount(np.asarray(data.train_y.cpu())[aux], minlength=int(data.num_classes))
-    G, D, gan_trace = train_gan(setup.train.raw(aux_t), z_dim=st["z_dim"], steps=st["gan_steps"],
-                                critic_steps=st["gan_critic_steps"], batch_size=st["gan_batch_size"],
-                                lr=float(st["gan_lr"]), gp_weight=float(st["gan_gp_weight"]), seed=seed,
-                                width=st["gan_width"], log=log)
-    timing["gan_s"] = time.perf_counter() - t1
+    gan = train_gan(setup.train.raw(aux_t), z_dim=st["z_dim"], steps=st["gan_steps"],
+                    critic_steps=st["gan_critic_steps"], batch_size=st["gan_batch_size"],
+                    lr=float(st["gan_lr"]), gp_weight=float(st["gan_gp_weight"]), seed=seed,
+                    width=st["gan_width"], log=log)
+    return aux_labels, gan
 
-    # (3) the evaluation classifier [I]: a different architecture on the full training set
-    t2 = time.perf_counter()
+
+def _evaluator(st, setup, data, seed: int):
+    """(3) the evaluation classifier [I]: a different architecture on the full training set; (model, test acc %)."""
+    dev = setup.device
     all_idx = torch.arange(len(data.train_y), device=dev)
     evaluator = train_evaluator(setup.train.raw(all_idx), data.train_y.long(), hidden=st["evaluator_hidden"],
                                 epochs=st["evaluator_epochs"], lr=float(st["evaluator_lr"]),
                                 batch_size=st["evaluator_batch_size"], num_classes=int(data.num_classes),
                                 seed=seed + 7, normalize=setup.train.normalize)
     test_pred = predict(evaluator, setup.test_inputs(torch.arange(len(data.test_y), device=dev)))
-    eval_acc = 100.0 * float((test_pred.cpu() == data.test_y.cpu()).float().mean())
-    timing["evaluator_s"] = time.perf_counter() - t2
-    log(f"evaluator test accuracy {eval_acc:.2f}")
+    return evaluator, 100.0 * float((test_pred.cpu() == data.test_y.cpu()).float().mean())
 
-    # (4) the attack per case
-    conv = getattr(algo, "conv_convention", "nngeometry")
-    metrics: Dict[str, float] = {"evaluator_test_accuracy": eval_acc, "client1_test_accuracy": acc["client1"],
-                                 "fedavg_test_accuracy": acc["fedavg"], "fedfisher_test_accuracy": acc["fedfisher"]}
-    rows, images, traces = [], {}, {}
-    for case in st["cases"]:
-        t3 = time.perf_counter()
-        model = _load(setup.model, targets[case])
-        res = invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
-                     lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
-                     lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
-                     kfac_target=kfac1 if case == "aggregate_plus_client1_kfac" else None,
-                     lambda_kfac=float(st["lambda_kfac"]), conv_convention=conv, seed=seed * 1000 + 17)
-        imgs = res["images"]
-        pred = predict(evaluator, setup.train.normalize(imgs))
-        attack_acc = 100.0 * float((pred == label).float().mean())
-        with torch.no_grad():
-            target_pred = predict(model, setup.train.normalize(imgs))
-        metrics[f"attack_accuracy_{case}"] = attack_acc
-        metrics[f"target_model_agreement_{case}"] = 100.0 * float((target_pred == label).float().mean())
-        images[case] = imgs[: st["grid_per_case"]].cpu()
-        traces[case] = res["trace"]
-        rows.append({"case": case, "attack_accuracy": attack_acc,
-                     "target_model_says_target": metrics[f"target_model_agreement_{case}"],
-                     "evaluator_label_counts": np.bincount(pred.cpu().numpy(), minlength=int(data.num_classes)).tolist(),
-                     "final_target_prob": res["trace"][-1]["target_prob"], "seconds": time.perf_counter() - t3})
-        timing[f"attack_{case}_s"] = time.perf_counter() - t3
-        log(f"case {case}: attack accuracy {attack_acc:.1f}% (target model says {label}: "
-            f"{metrics[f'target_model_agreement_{case}']:.1f}%)")
 
-    out = Path(out_dir)
+def _attack_case(case: str, st, setup, tg: Dict[str, Any], G, D, evaluator, seed: int, num_classes: int):
+    """(4) one case's attack: (its attack.csv row, the grid images, the optimisation trace)."""
+    label = int(st["target_label"])
+    model = _load(setup.model, tg["models"][case])
+    res = invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
+                 lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
+                 lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
+                 kfac_target=tg["kfac1"] if case == "aggregate_plus_client1_kfac" else None,
+                 lambda_kfac=float(st["lambda_kfac"]), conv_convention=tg["conv"], seed=seed * 1000 + 17)
+    imgs = res["images"]
+    pred = predict(evaluator, setup.train.normalize(imgs))
+    with torch.no_grad():
+        target_pred = predict(model, setup.train.normalize(imgs))
+    row = {"case": case, "attack_accuracy": 100.0 * float((pred == label).float().mean()),
+           "target_model_says_target": 100.0 * float((target_pred == label).float().mean()),
+           "evaluator_label_counts": np.bincount(pred.cpu().numpy(), minlength=int(num_classes)).tolist(),
+           "final_target_prob": res["trace"][-1]["target_prob"]}
+    return row, imgs[: st["grid_per_case"]].cpu(), res["trace"]
+
+
+def _write_outputs(out: Path, rows, images, metrics, st, label: int, seed: int, prof) -> Dict[str, str]:
+    import pandas as pd
+
     out.mkdir(parents=True, exist_ok=True)
     files = {"attack": "attack.csv", "figure4": "figure4.png", "reconstructions": "reconstructions.pt"}
     pd.DataFrame(rows).to_csv(out / files["attack"], index=False)
     torch.save({c: im for c, im in images.items()}, out / files["reconstructions"])
-    prof = cfg.get("profile")
     save_grid(images, out / files["figure4"],
               title=f"GMI reconstructions of digit {label} (seed {seed}, profile {prof}); attack accuracy: "
                     + ", ".join(f"{c.split('_')[0]} {metrics[f'attack_accuracy_{c}']:.0f}%" for c in st["cases"]))
-    return {"files": files, "metrics": metrics, "client_sizes": sizes, "aux_label_counts": aux_labels.tolist(),
-            "gan_trace": gan_trace, "attack_traces": traces, "study_timing": timing,
-            "uplink_bytes": int(logs[-1].uplink_bytes) if logs else None}
+    return files
 
 
 def publish(runs: Sequence[Mapping[str, Any]], figures_dir: Path, profile: str) -> List[Path]:
