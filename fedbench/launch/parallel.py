@@ -213,7 +213,6 @@ class SweepSummary(Callback):
         os.environ[STATUS_DIR_ENV] = self.status_dir
 
     def on_multirun_end(self, config, **kwargs) -> None:
-
         total = collect_outcomes(self.status_dir)
         shutil.rmtree(self.status_dir, ignore_errors=True)
         os.environ.pop(STATUS_DIR_ENV, None)

@@ -124,7 +124,6 @@ def plot_sweep(points: pd.DataFrame, path: Path, *, title: str = "",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     if points.empty:
         raise FedbenchError("no finished runs to plot (run the sweep first)")
     spec, keys, metric = points.attrs["figure"], points.attrs["keys"], points.attrs["metric"]

@@ -62,7 +62,6 @@ def _composed(overrides: Sequence[str]):
     set, which is checked against a full compose on the second run of every template (else: full compose)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-
     parser = OverridesParser.create()
     templates: Dict[tuple, Any] = {}
     for ovs in expand_sweep(overrides):

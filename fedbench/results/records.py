@@ -24,7 +24,6 @@ OFF_WHEN_EMPTY = ("server_unlabeled",)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
-
     if isinstance(cfg, DictConfig):
         keys = [k for k in cfg.keys() if k not in NON_IDENTITY_KEYS]
         out = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], (DictConfig,))

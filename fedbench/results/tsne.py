@@ -116,7 +116,6 @@ def _points(rec: Dict[str, Any], n_points: int, seed: int):
 
 
 def _load(path: Path) -> Dict[str, Any]:
-
     blob = torch.load(path, map_location="cpu", weights_only=True)
     blob["module"] = build_model(blob["model"], input_shape=tuple(blob["input_shape"]),
                                  num_classes=int(blob["num_classes"]), **(blob.get("model_kwargs") or {})).eval()
@@ -142,7 +141,6 @@ def _features(blob: Dict[str, Any], params, x: torch.Tensor) -> np.ndarray:
 
 # ---- plot ------------------------------------------------------------------------------------------------------
 def _draw(panels: List[Dict[str, Any]], labels: np.ndarray, title: str, path: Path, num_classes: int) -> Path:
-
     plt = pyplot()
     cols = min(5, len(panels))
     rows = (len(panels) + cols - 1) // cols

@@ -524,8 +524,6 @@ def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
 
 
 def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, dtype):
-
-
     dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
     root = Path(str(cfg.paths.data_root)).expanduser()
@@ -574,7 +572,6 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     Fig. 12) and write ``rounds.csv``, ``sweep.csv``, ``correlation.csv`` and ``heatmap_<method>.pt`` into
     ``out_dir``; returns what the run record adds (files, client sizes, summary)."""
     import pandas as pd
-
 
     st, study = study_settings(cfg)
     if str(cfg.model.name) != "softmax_regression":

@@ -374,7 +374,6 @@ def _setup(cfg, launch_dir: Optional[str]):
 
 
 def _load(template: nn.Module, params: Mapping[str, Tensor]) -> nn.Module:
-
     m = copy.deepcopy(template)
     with torch.no_grad():
         for n, p in m.named_parameters():
