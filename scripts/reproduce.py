@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     try:
         from fedbench.config.preflight import check_script_overrides
         check_script_overrides(args.overrides)   # bad overrides: one line, before pandas or torch is imported
-        from fedbench.launch.parallel import default_jobs, run_local, summary_line
+        from fedbench.launch.jobs import run_local
+        from fedbench.launch.parallel import default_jobs, summary_line
         from fedbench.launch.sweep import missing_methods, plan
         from fedbench.results.tables import check_table_suffix, collect, preset_meta
         check_table_suffix(args.name)   # a bad --name fails before any training

@@ -18,7 +18,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from fedbench.errors import FedbenchError  # noqa: E402
-from fedbench.launch.sweep import submit, validate_cluster  # noqa: E402
+from fedbench.config.preflight import check_script_overrides  # noqa: E402
+from fedbench.launch.sweep import validate_cluster  # noqa: E402
 
 
 def slurm_params_from_env() -> dict:
@@ -56,6 +57,8 @@ def main(argv=None) -> int:
                 print("would run:", " ".join(ovs))
             print(f"{len(todo)} to run, {len(done)} already done")
             return 0
+        check_script_overrides(args.overrides)   # bad overrides: one line, before torch is imported
+        from fedbench.launch.submit import submit   # imports the runner (torch)
         jobs, todo, done = submit(args.overrides, cluster=args.cluster, folder=args.folder, force=args.force,
                                   params=slurm_params_from_env(), parallel=args.parallel)
     except FedbenchError as e:

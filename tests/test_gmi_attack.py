@@ -166,3 +166,26 @@ def test_table_joins_each_column_to_its_paper_row(tmp_path):
     text = collect_study_table(QUICK, tmp_path, tmp_path / "tables").read_text()
     assert "70.00 ± 0.00 / 78.40 / Δ -8.40" in text
     assert "10.00 ± 0.00 / 5.00" in text and "20.00 ± 0.00 / 9.60" in text
+
+
+# ---- the setup: the runner's builder, so dataset.normalize means the same as in a run -------------------------
+_SMALL_DATA = ["dataset=synthetic", "dataset.kwargs.like=mnist", "dataset.kwargs.train_size=400",
+               "dataset.kwargs.test_size=50", "partition.num_others=20", "num_clients=3", "hardware=cpu"]
+
+
+@pytest.mark.parametrize("normalize,expect", [("{mean:[0.5],std:[0.25]}", ((0.5,), (0.25,))),
+                                              ("false", (None, None)), ("true", "own")])
+def test_setup_reads_dataset_normalize_as_a_run_does(tmp_path, monkeypatch, normalize, expect):
+    """A {mean, std} mapping used to become the data set's own statistics (read as a bool)."""
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    cfg = compose_run(QUICK + _SMALL_DATA + [f"dataset.normalize={normalize}", f"paths.output_root={tmp_path}"])
+    data, parts, setup, init = g._setup(cfg, str(tmp_path))
+    own = (tuple(data.mean), tuple(data.std))
+    assert own != ((0.5,), (0.25,))
+    got = (None if setup.train.mean is None else tuple(setup.train.mean),
+           None if setup.train.std is None else tuple(setup.train.std))
+    assert got == (own if expect == "own" else expect)
+    x = data.train_x[:4].float() / 255.0
+    want = x if got[0] is None else (x - got[0][0]) / got[1][0]
+    assert torch.allclose(setup.train.inputs(torch.arange(4)), want)
+    assert sum(len(p) for p in parts) == 400 and set(init) == {n for n, _ in setup.model.named_parameters()}

@@ -103,7 +103,7 @@ def test_curvature_time_is_recorded(tmp_path):
 
 def test_normalization_values():
     from fedbench.errors import FedbenchError
-    from fedbench.runner import normalization
+    from fedbench.run.setup import normalization
     stats = ((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))
     assert normalization(True, stats) == stats and normalization(False, stats) == (None, None)
     assert normalization({"mean": [0.5] * 3, "std": [0.5] * 3}, stats) == ((0.5,) * 3, (0.5,) * 3)   # FOLA Table I

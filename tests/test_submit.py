@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from fedbench.launch.sweep import expand_sweep, plan, submit
+from fedbench.launch.submit import submit
+from fedbench.launch.sweep import expand_sweep, plan
 
 TINY = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.train_size=200",
         "dataset.kwargs.test_size=100", "model=lenet", "num_clients=2", "rounds=1", "local.epochs=0",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedbench.errors import FedbenchError
-from fedbench.launch import parallel
+from fedbench.launch import jobs, parallel
 from fedbench.results.records import read_record
 from tests.test_run import records, run
 
@@ -98,11 +98,11 @@ def test_run_local_isolates_and_runs_every_job(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
     todo = [TINY + ["num_clients=2", "seed=0"], TINY + ["num_clients=0"], TINY + ["num_clients=2", "seed=1"]]
-    total = parallel.run_local(todo, os.getcwd(), jobs=2)
+    total = jobs.run_local(todo, os.getcwd(), jobs=2)
     assert (total["ok"], total["failed"], total["skipped"]) == (2, 1, 0)
     assert len(total["errors"]) == 1 and "num_clients must be an integer >= 1" in total["errors"][0]
     assert sorted(read_record(r)["config"]["seed"] for r in records(tmp_path)) == [0, 1]
-    total = parallel.run_local(todo[:1], os.getcwd(), jobs=2)   # in-process (one job): skipped now
+    total = jobs.run_local(todo[:1], os.getcwd(), jobs=2)   # in-process (one job): skipped now
     assert (total["ok"], total["failed"], total["skipped"]) == (0, 0, 1)
 
 

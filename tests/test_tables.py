@@ -88,11 +88,10 @@ def test_reproduce_rejects_a_bad_table_name_before_training(tmp_path, monkeypatc
     import sys
     from tests.test_run import ROOT
     sys.path.insert(0, str(ROOT))
-    import fedbench.launch.parallel as parallel
-    import fedbench.launch.sweep as sweep
+    import fedbench.launch.jobs as jobs
     from scripts.reproduce import main
-    monkeypatch.setattr(sweep, "run_job_records", lambda *a, **k: pytest.fail("trained despite a bad --name"))
-    monkeypatch.setattr(parallel, "run_local", lambda *a, **k: pytest.fail("trained despite a bad --name"))
+    monkeypatch.setattr(jobs, "run_job_records", lambda *a, **k: pytest.fail("trained despite a bad --name"))
+    monkeypatch.setattr(jobs, "run_local", lambda *a, **k: pytest.fail("trained despite a bad --name"))
     monkeypatch.chdir(tmp_path)
     assert main(["--name", "a/b", "experiment=fedlpa/table6", "profile=quick", "dataset=fmnist"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

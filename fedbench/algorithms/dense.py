@@ -33,6 +33,7 @@ from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice
                                          integer as cfg_int, number as cfg_num)
 from fedbench.data.transforms import Augment
 from fedbench.errors import FedbenchError
+from fedbench.eval.metrics import evaluate   # test_accuracy_as_released: see the warning in __init__
 
 Params = Dict[str, Tensor]
 SELECTS = ("last", "val_accuracy", "test_accuracy_as_released")
@@ -332,7 +333,6 @@ class Dense(Algorithm):
     def _score(self, params: Params) -> float:
         if self.select == "val_accuracy":
             return float(self.setup.val_metrics(params)["accuracy"])
-        from fedbench.eval.metrics import evaluate   # test_accuracy_as_released: see the warning in __init__
         s = self.setup
         return float(evaluate(s.model, params, s.test_inputs, s.test_y, task=s.task,
                               batch_size=s.eval_batch_size)["accuracy"])

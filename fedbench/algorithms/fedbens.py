@@ -41,11 +41,12 @@ from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.curvature.layout import ParamLayout
-from fedbench.curvature.posterior import (LOG2PI, DiagGaussian, Gaussian, ProductGaussian,
-                                          gaussian_from_curvature)
+from fedbench.curvature.posterior import (DenseGaussian, DiagGaussian, Gaussian, gaussian_from_curvature, KronGaussian,
+                                          LOG2PI, ProductGaussian)
 from fedbench.curvature.structures import (DenseBlock, DiagCurvature, DiagLastLayerFullCurvature, KFACCurvature,
                                            KronBlock)
 from fedbench.errors import FedbenchError
+from fedbench.curvature import compute_curvature
 
 Params = Dict[str, Tensor]
 
@@ -105,7 +106,6 @@ def _batched_quad(gs: Sequence[Gaussian]) -> Optional[Callable[[Tensor], Tensor]
     batched matrix products instead of K per-block loops: the server's per-step cost), when they share
     one structure (all Kron with the same blocks, all diagonal, or all diagonal + dense blocks).
     None = no common structure (the caller loops)."""
-    from fedbench.curvature.posterior import DenseGaussian, KronGaussian
     g0 = gs[0]
     means = torch.stack([g.mean for g in gs])
     if all(isinstance(g, DiagGaussian) for g in gs):
@@ -366,7 +366,6 @@ class FedBEns(Algorithm):
 
     # --- client: Laplace per member ------------------------------------------------------
     def _curvature(self, client_id: int, params: Params) -> Dict[str, Any]:
-        from fedbench.curvature import compute_curvature
         if self._worker is None:
             self._worker = copy.deepcopy(self.setup.model)
         with torch.no_grad():

@@ -39,6 +39,10 @@ from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                         integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
+from fedbench.curvature import compute_curvature, CONV_CONVENTIONS
+from fedbench.curvature.structures import KronBlock
+from fedbench.curvature.engine import find_layers
+from fedbench.curvature.layout import ParamLayout
 
 Params = Dict[str, Tensor]
 
@@ -98,7 +102,6 @@ class FisherClient:
 
     def diag(self, client_id: int, params: Params, round_idx: int = 1) -> Params:
         def compute():
-            from fedbench.curvature import compute_curvature
             if len(self.setup.client_indices[client_id]) == 0:
                 return {"F": {n: torch.zeros_like(t) for n, t in params.items()}}
             x, y = self._data(client_id)
@@ -109,7 +112,6 @@ class FisherClient:
 
     def kfac(self, client_id: int, params: Params, round_idx: int = 1) -> Dict[str, Dict[str, Tensor]]:
         def compute():
-            from fedbench.curvature import compute_curvature
             if len(self.setup.client_indices[client_id]) == 0:
                 return {"blocks": {s.module: {"A": torch.zeros(s.d_in, s.d_in), "G": torch.zeros(s.d_out, s.d_out)}
                                    for s in kfac_specs(self.setup.model)}}
@@ -128,15 +130,12 @@ class _Spec:
         self.module, self.names, self.shapes, self.d_in, self.d_out = module, names, shapes, d_in, d_out
 
     def block(self, A: Tensor, G: Tensor):
-        from fedbench.curvature.structures import KronBlock
         return KronBlock(self.module, self.names, self.shapes, A, G)
 
 
 def kfac_specs(model) -> List[_Spec]:
     """Layer specs for K-FAC with the bias folded into A ([W | b], §1.3); raises a one-line error if
     some trainable parameter is outside nn.Linear / nn.Conv2d."""
-    from fedbench.curvature.engine import find_layers
-    from fedbench.curvature.layout import ParamLayout
     layout = ParamLayout.from_module(model)
     layers, problems = find_layers(model, layout)
     if problems:
@@ -409,7 +408,6 @@ class FedFisherKFAC(_FedFisher):
             raise FedbenchError(f"algorithm.factor_levels must be code or paper, got {fl!r}")
         # code: quantize(·, bits) = 2^bits − 1 levels (sent with bits + 1 bits); paper: l_q = 2^(bits−1) − 1
         self.factor_levels = 2 ** self.factor_bits - 1 if fl == "code" else C.levels_for_bits(self.factor_bits)
-        from fedbench.curvature import CONV_CONVENTIONS
         self.conv_convention = cfg_choice(c, "conv_convention", "nngeometry", CONV_CONVENTIONS)
         self.fisher_client.conv_convention = self.conv_convention
         self.specs = kfac_specs(setup.model)     # one-line error here (before training) for BN etc.

@@ -34,6 +34,8 @@ from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.fedfisher import WEIGHTINGS, client_weights
 from fedbench.algorithms.options import check_keys, choice as cfg_choice, integer as cfg_int, number as cfg_num
 from fedbench.errors import FedbenchError
+from fedbench.curvature.layout import ParamLayout
+from fedbench.curvature import compute_curvature
 
 Params = Dict[str, Tensor]
 SERVERS = ("closed_form", "gd")
@@ -92,7 +94,6 @@ class FedFisherFull(Algorithm):
             raise FedbenchError(f"fedfisher_full needs a regression data set (its Fisher is the Gaussian-likelihood "
                                 f"Gauss-Newton matrix and it records the ½(y − f)² training loss, fedfisher.md §1.8); "
                                 f"this data set's task is {setup.task!r}")
-        from fedbench.curvature.layout import ParamLayout
         self.layout = ParamLayout.from_module(setup.model)
         d = self.layout.numel
         if d > self.max_params:
@@ -125,7 +126,6 @@ class FedFisherFull(Algorithm):
 
     def fisher(self, client_id: int, params: Params) -> Tensor:
         """The client's full Fisher (= GGN) over the trained parameters, mean over its points, float64 [d, d]."""
-        from fedbench.curvature import compute_curvature
         d = self.layout.numel
         if len(self.setup.client_indices[client_id]) == 0:
             return torch.zeros(d, d, dtype=torch.float64, device=self.setup.device)

@@ -59,7 +59,8 @@ from torch import Tensor
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
-from fedbench.train.engine import LocalObjective
+from fedbench.train.engine import client_generator, LocalObjective
+from fedbench.curvature import compute_curvature
 
 Params = Dict[str, Tensor]
 
@@ -331,8 +332,6 @@ class FedLapCov(FedLap):
 
     def diag_curvature(self, client_id: int, params: Params, round_idx: int) -> Params:
         """H_k: per-example diagonal GGN (or the chosen Fisher), SUM over the client's N_k points (§1.5)."""
-        from fedbench.curvature import compute_curvature
-        from fedbench.train.engine import client_generator
 
         idx = self.setup.client_indices[client_id]
         if len(idx) == 0:

@@ -51,7 +51,11 @@ from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_av
 from fedbench.curvature.structures import layer_matrix, layer_params
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
-from fedbench.train.engine import LocalObjective
+from fedbench.train.engine import client_generator, LocalObjective
+from fedbench.curvature.engine import find_layers
+from fedbench.curvature.layout import ParamLayout
+from fedbench.curvature import compute_curvature, damp_kfac
+from fedbench.eval.metrics import evaluate
 
 Params = Dict[str, Tensor]
 
@@ -99,8 +103,6 @@ class LayerSpec:
 
 def layer_specs(model: torch.nn.Module) -> Tuple[List[LayerSpec], List[str]]:
     """Linear/Conv2d layers of ``model`` and the reasons K-FAC cannot cover it (empty = fine)."""
-    from fedbench.curvature.engine import find_layers
-    from fedbench.curvature.layout import ParamLayout
 
     layout = ParamLayout.from_module(model)
     layers, problems = find_layers(model, layout)
@@ -319,14 +321,12 @@ class FedLPA(Algorithm):
     def _factor_inputs(self, client_id: int, round_idx: int) -> Tuple[Tensor, Tensor]:
         data, idx = self.setup.train, self.setup.client_indices[client_id]
         if self.factor_data == "augmented_as_released" and data.augment is not None:
-            from fedbench.train.engine import client_generator
             gen = client_generator(self.setup.seed + 0xF15, round_idx, client_id)   # own stream, reproducible
             return data.normalize(data.augment(data.raw(idx), gen)), data.targets(idx)
         return data.inputs(idx), data.targets(idx)
 
     def raw_factors(self, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
         """Undamped dataset-average K-FAC factors {'A': {layer: A}, 'G': {layer: G}} at ``params`` (§1.3 step 2)."""
-        from fedbench.curvature import compute_curvature
 
         if len(self.setup.client_indices[client_id]) == 0:      # p_k = 0: contributes nothing
             ref = next(iter(params.values()))
@@ -348,7 +348,6 @@ class FedLPA(Algorithm):
                                  lambda: self.raw_factors(client_id, params, round_idx))
 
     def damped(self, A: Tensor, G: Tensor) -> Tuple[Tensor, Tensor]:
-        from fedbench.curvature import damp_kfac
         return damp_kfac(A, G, self.lam, self.pi)
 
     def _pack(self, M: Tensor) -> Tensor:
@@ -460,7 +459,6 @@ class FedLPA(Algorithm):
             # The released code evaluates the GD and EA models on the TEST set and logs the better
             # accuracy. This picks a model with test labels; never use it for a sound comparison.
             # The carried model (next round) stays the solver's, as in the code.
-            from fedbench.eval.metrics import evaluate
             ev = dict(task=self.setup.task, batch_size=self.setup.eval_batch_size, n_bins=self.setup.ece_bins)
             acc_gd = evaluate(self.setup.model, sol, self.setup.test_inputs, self.setup.test_y, **ev)["accuracy"]
             acc_ea = evaluate(self.setup.model, ea, self.setup.test_inputs, self.setup.test_y, **ev)["accuracy"]

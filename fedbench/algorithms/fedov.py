@@ -68,6 +68,7 @@ from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice
                                          integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import TrainResult, client_generator, epoch_batches
+from fedbench.models import build_model
 
 Params = Dict[str, Tensor]
 OPS = ("crop", "blur", "erase", "cut", "rot")
@@ -81,7 +82,6 @@ VOTES = ("soft", "ignore_unknown")
 def build_open_model(model_cfg: Mapping[str, Any], input_shape: Sequence[int], num_classes: int, seed: int) -> nn.Module:
     """The run's architecture with ``num_classes + 1`` outputs, initialised from ``seed`` without touching the
     global RNG (same construction order as the C-class model, so every layer but the last starts equal)."""
-    from fedbench.models import build_model
 
     cfg = dict(model_cfg)
     with torch.random.fork_rng(devices=[]):

@@ -46,6 +46,7 @@ from torch import Tensor
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, integer as cfg_int
 from fedbench.errors import FedbenchError
+from fedbench.models.resnet import BasicBlock, ResNet18NoBN
 
 Params = Dict[str, Tensor]
 
@@ -108,7 +109,6 @@ def _check_leaves(model: nn.Module, method: str, model_name: Optional[str]) -> N
 def layer_chain(model: nn.Module, method: str, model_name: Optional[str] = None) -> List[Layer]:
     """The model as a chain of Linear / Conv2d layers (layer k: spaces k-1 -> k); anything else is a one-line
     FedbenchError naming the model."""
-    from fedbench.models.resnet import ResNet18NoBN
 
     if isinstance(model, ResNet18NoBN):
         raise _unsupported(method, model_name, "the model has skip connections")
@@ -151,7 +151,6 @@ def resnet_layers(model: nn.Module, method: str, model_name: Optional[str] = Non
     write the new stream space, whose one transport is solved on their rows together (the neuron of a residual sum
     is its conv2 filter and its shortcut filter); the shortcut's inputs take the block input's transport. Head:
     Linear layers after AvgPool + Flatten (one position per channel at 32x32 inputs)."""
-    from fedbench.models.resnet import BasicBlock
 
     _check_leaves(model, method, model_name)
     layers: List[Layer] = []
@@ -196,7 +195,6 @@ def resnet_layers(model: nn.Module, method: str, model_name: Optional[str] = Non
 
 def fusion_layers(model: nn.Module, method: str, model_name: Optional[str] = None) -> List[Layer]:
     """OTFusion's layer list: the residual layout for fedbench's ResNets, a chain otherwise."""
-    from fedbench.models.resnet import ResNet18NoBN
 
     if isinstance(model, ResNet18NoBN):
         return resnet_layers(model, method, model_name)

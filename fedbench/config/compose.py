@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.config import CONF_DIR
 from fedbench.errors import FedbenchError
+from fedbench.results.records import compute_run_id, is_complete
 
 GROUPS = ("dataset", "partition", "model", "algorithm", "hardware", "logger", "experiment", "local")
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -17,7 +18,6 @@ GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 def register_resolvers() -> None:
     """``fedbench_run_id`` (the run directory) and ``fedbench_hydra_subdir`` (where Hydra saves its files)."""
-    from fedbench.results.records import compute_run_id
 
     if not OmegaConf.has_resolver("fedbench_run_id"):
         OmegaConf.register_new_resolver("fedbench_run_id", lambda *, _root_: compute_run_id(_root_))
@@ -28,7 +28,6 @@ def register_resolvers() -> None:
 def hydra_subdir(*, _root_) -> Optional[str]:
     """``.hydra``, or null when this run already has an ok record that will be skipped: Hydra must not
     rewrite that record's ``.hydra/overrides.yaml`` with the overrides of a run that does nothing."""
-    from fedbench.results.records import compute_run_id, is_complete
 
     if _root_.get("force"):
         return ".hydra"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+import sys
+
+from omegaconf import OmegaConf
 
 from fedbench.config import CONF_DIR
 from fedbench.config.compose import allow_pretrained, compose_config, composition_error, parse_overrides
@@ -93,7 +96,6 @@ def check_run(overrides: List[str], cli_keys, conf_dir: Path) -> List[str]:
     cfg = compose_config(overrides, conf_dir, with_hydra=True)
     extra: List[str] = []
     if cfg.get("profile") is not None:
-        from omegaconf import OmegaConf
 
         table = OmegaConf.to_container(cfg.table, resolve=False) if cfg.get("table") is not None else None
         extra = single_run_overrides(table_profile(table, cfg.profile), cli_keys)
@@ -115,7 +117,6 @@ def check_script_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) 
 
 def main_guard(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[List[str]]:
     """``preflight`` that prints the one error line and exits with status 2."""
-    import sys
 
     try:
         return preflight(argv, conf_dir)

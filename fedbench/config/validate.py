@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from fedbench.config import CONF_DIR
+from fedbench.config.paths import absolute_path
 from fedbench.config.profiles import table_profile
 from fedbench.errors import FedbenchError
 
@@ -106,7 +107,7 @@ def validate_config(cfg: DictConfig, conf_dir: Path = CONF_DIR, launch_dir: Opti
     check_normalize(c["dataset"].get("normalize", True))
     ckpt = c["model"].get("pretrained")
     if ckpt is not None and (need_checkpoint or not isinstance(ckpt, str)):
-        check_checkpoint_path(_absolute(ckpt, launch_dir) if isinstance(ckpt, str) else ckpt)
+        check_checkpoint_path(absolute_path(ckpt, launch_dir) if isinstance(ckpt, str) else ckpt)
     check_aggregators(c.get("aggregators"), conf_dir, allow_missing)
     table_profile(c.get("table"), c.get("profile"))
 
@@ -246,11 +247,6 @@ def check_directory(key: str, value: str, launch_dir: Optional[str]) -> None:
         _fail(key, value, f"a directory or a creatable path, but {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         _fail(key, value, f"an existing directory or a path that can be created, but {parent} is not writable")
-
-
-def _absolute(path: str, launch_dir: Optional[str]) -> str:
-    p = Path(os.path.expanduser(path))
-    return str(p if p.is_absolute() else Path(launch_dir or os.getcwd()) / p)
 
 
 def check_checkpoint_path(path: Any) -> Path:

@@ -16,6 +16,7 @@ from fedbench.curvature.structures import (Curvature, DenseBlock, DenseCurvature
                                            DiagLastLayerFullCurvature, KFACCurvature, KronBlock,
                                            LayerBlocksCurvature)
 from fedbench.errors import FedbenchError
+from fedbench.curvature.curvlinops_adapter import kfac_curvlinops
 
 STRUCTURES = ("diag", "kfac", "full", "layer_blocks", "diag_lastlayer_full")
 FISHER_TYPES = ("empirical", "true", "mc", "ggn", "hessian")
@@ -132,7 +133,6 @@ def _compute(model, x, y, *, structure, fisher, scale, conv_convention, bias_aug
         if problems:
             raise FedbenchError(f"K-FAC needs every trainable parameter in nn.Linear / nn.Conv2d: {problems[0]}")
         if backend == "curvlinops":
-            from fedbench.curvature.curvlinops_adapter import kfac_curvlinops
             return kfac_curvlinops(model, x, y, kind=kind, fisher=fisher, scale=scale,
                                    conv_convention=conv_convention, bias_augment=bias_augment, **kw)
         if fisher == "hessian":

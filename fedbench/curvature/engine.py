@@ -261,7 +261,7 @@ class DiagHooks(HooksConsumer):
 
 
 # K-FAC conv conventions: (α_A(S), α_G(S)) multiplying Σ_s ā āᵀ and Σ_s δ δᵀ per sample.
-_KFAC_ALPHA = {
+KFAC_ALPHA = {
     "expand": (lambda S: 1.0 / S, lambda S: 1.0),
     "fedlpa_kfc": (lambda S: 1.0 / (S * S), lambda S: float(S)),
     "nngeometry": (lambda S: 1.0, lambda S: 1.0 / S),
@@ -305,7 +305,7 @@ class KFACHooks(HooksConsumer):
                 a1 = a.sum(0) if l.bias is not None else None
                 c1 = float(N)
             else:
-                alpha = _KFAC_ALPHA[self.convention][0](S)
+                alpha = KFAC_ALPHA[self.convention][0](S)
                 if J <= 64:      # small J: batched Σ_n P_n P_nᵀ beats a copy + one GEMM
                     aa = torch.bmm(P, P.transpose(1, 2)).sum(0)
                 else:
@@ -329,7 +329,7 @@ class KFACHooks(HooksConsumer):
             gg = g.t() @ g
         else:
             gg = torch.bmm(D, D.transpose(1, 2)).sum(0)
-            alpha = _KFAC_ALPHA[self.convention][1](S)
+            alpha = KFAC_ALPHA[self.convention][1](S)
             if alpha != 1.0:
                 gg.mul_(alpha)
         _acc(self.gg, layer.name, gg)

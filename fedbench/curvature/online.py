@@ -31,6 +31,7 @@ from torch import Tensor
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.structures import DiagCurvature
 from fedbench.errors import FedbenchError
+from fedbench.curvature.compute import compute_curvature
 
 ONLINE_MODES = ("minibatch_sq", "per_sample_sq")
 NORMALIZE = ("none", "steps")
@@ -111,7 +112,6 @@ class OnlineDiagFisher:
             return
         if x is None or y is None:
             raise FedbenchError("online Fisher mode 'per_sample_sq' needs the minibatch (x, y)")
-        from fedbench.curvature.compute import compute_curvature
 
         c = compute_curvature(self.model, x, y, structure="diag", fisher="empirical", scale="mean",
                               loss=self.loss, batch_size=self.batch_size)

@@ -14,7 +14,9 @@ from fedbench.algorithms.base import Algorithm, tensor_bytes
 from fedbench.eval.metrics import evaluate
 from fedbench.train.config import LocalTrainConfig
 from fedbench.fl.cache import ClientStageCache
+from fedbench.results.schema import RoundLog
 from fedbench.train.engine import TrainData, TrainResult, train_clients
+from fedbench.errors import FedbenchError
 
 
 @dataclass
@@ -55,13 +57,11 @@ class FLSetup:
     def require_server_val(self, method: str) -> None:
         """Called from a method's __init__ (before training) when it needs server validation data."""
         if self.server_val is None:
-            from fedbench.errors import FedbenchError
             raise FedbenchError(f"{method} needs a server validation set: set server_val.size (the papers use 500)")
 
     def require_server_unlabeled(self, method: str) -> None:
         """Called from a method's __init__ (before training) when it distils on unlabelled server data."""
         if self.server_unlabeled is None:
-            from fedbench.errors import FedbenchError
             raise FedbenchError(f"{method} needs unlabelled server data: set server_unlabeled.size "
                                 f"(and server_unlabeled.mode: holdout | sampled_from_train)")
 
@@ -77,23 +77,6 @@ class FLSetup:
         return self.train.inputs(idx), self.train.y[idx]
 
 
-@dataclass
-class RoundLog:
-    round: int
-    metrics: Dict[str, float]
-    client_train_s: float
-    client_post_s: float      # client work after training (curvature, compression)
-    server_s: float
-    eval_s: float
-    uplink_bytes: int
-    downlink_bytes: int
-    train_loss: float
-    cached_clients: bool = False
-    client_train_compute_s: float = 0.0   # what training these clients cost when it ran (also when loaded from the cache)
-    client_post_compute_s: float = 0.0    # client_post_s plus what the per-client products served from the cache
-                                          # (curvature, Gram matrices, ...) cost when they were computed
-
-
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
                eval_every: int = 1, progress: bool = True,
                on_round: Optional[Callable[[RoundLog], None]] = None,
@@ -105,96 +88,117 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
 
     state = algo.init_state(init_params)
     logs: List[RoundLog] = []
-    ids = list(range(setup.num_clients))
     epochs = setup.local.epochs
     bar = tqdm(total=rounds * max(epochs, 0) * setup.num_clients, disable=not progress or epochs == 0,
                desc=f"{algo.name}", unit="client-epoch", dynamic_ncols=True, leave=False)
     try:
         for r in range(1, rounds + 1):
             bar.set_postfix_str(f"round {r}/{rounds}")
-            down = tensor_bytes(algo.downlink(state)) * setup.num_clients
-            t0 = time.perf_counter()
-
-            n_mem = int(algo.num_members(r))
-
-            def train(m: int = 0):
-                # member 0 = the plain training; member m >= 1: the algorithm's m-th start, own shuffling seed
-                own = algo.local_train(state, ids, r, setup.seed, bar) if m == 0 else None
-                if own is not None:   # the method trains its own clients (e.g. FedOV)
-                    return own
-                start = algo.start_params(state, ids) if m == 0 else algo.member_start_params(state, ids, m, r)
-                return train_clients(setup.model, setup.train, setup.client_indices, start,
-                                     setup.local, objective=algo.local_objective(state, ids, r),
-                                     seed=setup.seed if m == 0 else member_seed(setup.seed, m),
-                                     round_idx=r, client_ids=ids, backend=setup.backend,
-                                     conv_strategy=setup.conv_strategy, progress=bar)
-
-            stage_key = algo.client_stage_key(r)
-            cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
-                         and stage_key is not None)
-            setup.current_stage = ({**setup.stage_parts, "round": r, "local_objective": stage_key}
-                                   if cacheable else None)
-            if n_mem > 1:
-                bar.total += (n_mem - 1) * max(epochs, 0) * setup.num_clients
-            results, cached = [], cacheable
-            for m in range(n_mem):
-                if cacheable:
-                    hits = setup.cache.hits
-                    key = {**setup.current_stage, "product": "local_training"}
-                    if m > 0:   # member 0's key is the plain training's: shared with every other method
-                        key["member"] = algo.member_key(m)
-                    payload = setup.cache.get_or_compute(key, lambda: _result_payload(train(m)), setup.device)
-                    results.append(TrainResult(payload["params"], payload["steps"], payload["mean_loss"],
-                                               payload["seconds"]))
-                    cached = cached and setup.cache.hits > hits
-                else:
-                    results.append(train(m))
-            result = results[0]
-            if on_clients is not None:
-                on_clients(r, result.params)
-            t1 = time.perf_counter()
-            served0 = setup.cache.served_s if setup.cache is not None else 0.0
-            trained = list(algo.stage_client_ids(ids))   # every client, or one pooled client (centralized)
-            if n_mem == 1:
-                messages = [algo.client_message(cid, result.params[i], result, i, state, r)
-                            for i, cid in enumerate(trained)]
-            else:   # a client's M trained weight dicts and results, as lists over members
-                messages = [algo.client_message(cid, [res.params[i] for res in results], results, i, state, r)
-                            for i, cid in enumerate(trained)]
-            t2 = time.perf_counter()
-            served_post = (setup.cache.served_s if setup.cache is not None else 0.0) - served0
-            state = algo.aggregate(messages, state, r)
-            t3 = time.perf_counter()
-            metrics: Dict[str, float] = {}
-            if r % eval_every == 0 or r == rounds:
-                ev = dict(task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
-                metrics = evaluate(setup.model, algo.predict_params(state), setup.test_inputs, setup.test_y, **ev)
-                # secondary solutions a method wants reported beside its answer (e.g. FedLPA's EA solution)
-                for name, params in (state.get("extra_eval") or {}).items():
-                    for k, v in evaluate(setup.model, params, setup.test_inputs, setup.test_y, **ev).items():
-                        metrics[f"{name}_{k}"] = v
-                # scalars a method computes itself (e.g. fedfisher_full's global training loss)
-                metrics.update({k: float(v) for k, v in (state.get("extra_metrics") or {}).items()})
-                if setup.local_accuracy and setup.task == "classification":
-                    accs = [evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
-                            for p in result.params]
-                    sizes = [len(setup.client_indices[c]) for c in trained]
-                    metrics["local_accuracy"] = sum(a * n for a, n in zip(accs, sizes)) / max(sum(sizes), 1)
-            t4 = time.perf_counter()
-            losses = [m.info.get("train_loss", float("nan")) for m in messages]
-            sizes = [m.num_samples for m in messages]
-            train_loss = sum(l * n for l, n in zip(losses, sizes)) / max(sum(sizes), 1)
-            log = RoundLog(r, metrics, client_train_s=t1 - t0, client_post_s=t2 - t1, server_s=t3 - t2, eval_s=t4 - t3,
-                           uplink_bytes=sum(m.nbytes for m in messages), downlink_bytes=down,
-                           train_loss=train_loss, cached_clients=cached,
-                           client_train_compute_s=sum(float(res.seconds) for res in results),
-                           client_post_compute_s=(t2 - t1) + served_post)
+            state, log = run_round(setup, algo, state, r, rounds, eval_every, bar, on_clients)
             logs.append(log)
             if on_round is not None:
                 on_round(log)
     finally:
         bar.close()
     return state, logs
+
+
+def run_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], r: int, rounds: int, eval_every: int, bar,
+              on_clients=None) -> tuple[Dict[str, Any], RoundLog]:
+    """One round: broadcast, local training (cached), client messages, aggregation, evaluation."""
+    ids = list(range(setup.num_clients))
+    down = tensor_bytes(algo.downlink(state)) * setup.num_clients
+    t0 = time.perf_counter()
+    results, cached = train_round(setup, algo, state, ids, r, bar)
+    result = results[0]
+    if on_clients is not None:
+        on_clients(r, result.params)
+    t1 = time.perf_counter()
+    served0 = setup.cache.served_s if setup.cache is not None else 0.0
+    trained = list(algo.stage_client_ids(ids))   # every client, or one pooled client (centralized)
+    if len(results) == 1:
+        messages = [algo.client_message(cid, result.params[i], result, i, state, r)
+                    for i, cid in enumerate(trained)]
+    else:   # a client's M trained weight dicts and results, as lists over members
+        messages = [algo.client_message(cid, [res.params[i] for res in results], results, i, state, r)
+                    for i, cid in enumerate(trained)]
+    t2 = time.perf_counter()
+    served_post = (setup.cache.served_s if setup.cache is not None else 0.0) - served0
+    state = algo.aggregate(messages, state, r)
+    t3 = time.perf_counter()
+    metrics: Dict[str, float] = {}
+    if r % eval_every == 0 or r == rounds:
+        metrics = evaluate_round(setup, algo, state, result, trained)
+    t4 = time.perf_counter()
+    losses = [m.info.get("train_loss", float("nan")) for m in messages]
+    sizes = [m.num_samples for m in messages]
+    train_loss = sum(l * n for l, n in zip(losses, sizes)) / max(sum(sizes), 1)
+    log = RoundLog(r, metrics, client_train_s=t1 - t0, client_post_s=t2 - t1, server_s=t3 - t2, eval_s=t4 - t3,
+                   uplink_bytes=sum(m.nbytes for m in messages), downlink_bytes=down,
+                   train_loss=train_loss, cached_clients=cached,
+                   client_train_compute_s=sum(float(res.seconds) for res in results),
+                   client_post_compute_s=(t2 - t1) + served_post)
+    return state, log
+
+
+def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: List[int], r: int, bar):
+    """Every member's local training of round ``r`` (through the client-stage cache when the method allows);
+    returns (results per member, whether every member came from the cache)."""
+    epochs = setup.local.epochs
+    n_mem = int(algo.num_members(r))
+
+    def train(m: int = 0):
+        # member 0 = the plain training; member m >= 1: the algorithm's m-th start, own shuffling seed
+        own = algo.local_train(state, ids, r, setup.seed, bar) if m == 0 else None
+        if own is not None:   # the method trains its own clients (e.g. FedOV)
+            return own
+        start = algo.start_params(state, ids) if m == 0 else algo.member_start_params(state, ids, m, r)
+        return train_clients(setup.model, setup.train, setup.client_indices, start,
+                             setup.local, objective=algo.local_objective(state, ids, r),
+                             seed=setup.seed if m == 0 else member_seed(setup.seed, m),
+                             round_idx=r, client_ids=ids, backend=setup.backend,
+                             conv_strategy=setup.conv_strategy, progress=bar)
+
+    stage_key = algo.client_stage_key(r)
+    cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
+                 and stage_key is not None)
+    setup.current_stage = ({**setup.stage_parts, "round": r, "local_objective": stage_key}
+                           if cacheable else None)
+    if n_mem > 1:
+        bar.total += (n_mem - 1) * max(epochs, 0) * setup.num_clients
+    results, cached = [], cacheable
+    for m in range(n_mem):
+        if cacheable:
+            hits = setup.cache.hits
+            key = {**setup.current_stage, "product": "local_training"}
+            if m > 0:   # member 0's key is the plain training's: shared with every other method
+                key["member"] = algo.member_key(m)
+            payload = setup.cache.get_or_compute(key, lambda: _result_payload(train(m)), setup.device)
+            results.append(TrainResult(payload["params"], payload["steps"], payload["mean_loss"],
+                                       payload["seconds"]))
+            cached = cached and setup.cache.hits > hits
+        else:
+            results.append(train(m))
+    return results, cached
+
+
+def evaluate_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], result: TrainResult,
+                   trained: List[int]) -> Dict[str, float]:
+    """Test metrics of the global state, a method's extra solutions and scalars, and (FOLA's LA) the clients'."""
+    ev = dict(task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
+    metrics = evaluate(setup.model, algo.predict_params(state), setup.test_inputs, setup.test_y, **ev)
+    # secondary solutions a method wants reported beside its answer (e.g. FedLPA's EA solution)
+    for name, params in (state.get("extra_eval") or {}).items():
+        for k, v in evaluate(setup.model, params, setup.test_inputs, setup.test_y, **ev).items():
+            metrics[f"{name}_{k}"] = v
+    # scalars a method computes itself (e.g. fedfisher_full's global training loss)
+    metrics.update({k: float(v) for k, v in (state.get("extra_metrics") or {}).items()})
+    if setup.local_accuracy and setup.task == "classification":
+        accs = [evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
+                for p in result.params]
+        sizes = [len(setup.client_indices[c]) for c in trained]
+        metrics["local_accuracy"] = sum(a * n for a, n in zip(accs, sizes)) / max(sum(sizes), 1)
+    return metrics
 
 
 def member_seed(seed: int, member: int) -> int:

@@ -17,10 +17,13 @@ import tempfile
 import traceback
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Sequence
+import shutil
 
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
+from fedbench.results.records import compute_run_id
+from fedbench.launch.sweep import compose_run
 
 # Threads per sweep job when hardware.num_threads is auto. Measured with scripts/bench_sweep.py on a shared,
 # busy 2-core CPU machine (4 FedAvg runs, Fashion-MNIST 12k client samples, LeNet, 1 epoch): two 1-thread jobs
@@ -81,7 +84,6 @@ def _uses_cuda(device) -> bool:
 def register_resolvers() -> None:
     """``${fedbench_sweep_jobs:...}`` (the joblib launcher's n_jobs) and ``${fedbench_run_id:}`` (run dirs);
     also in each joblib worker, which resolves the job's run dir before calling run.py's main."""
-    from fedbench.results.records import compute_run_id
 
     if not OmegaConf.has_resolver("fedbench_sweep_jobs"):
         OmegaConf.register_new_resolver("fedbench_sweep_jobs", parallel_jobs)
@@ -118,10 +120,10 @@ def run_isolated(execute: Callable[[], List[Dict]], label: str, num_threads=None
             torch.set_num_threads(threads_per_job(num_threads))
         records = execute()
     except FedbenchError as e:
-        return _failed(label, str(e))
+        return failed_outcome(label, str(e))
     except Exception as e:   # a bug or a numerical failure in training: this job only
         where = _save_traceback(output_dir)
-        return _failed(label, f"{type(e).__name__}: {e}" + (f" (traceback: {where})" if where else ""))
+        return failed_outcome(label, f"{type(e).__name__}: {e}" + (f" (traceback: {where})" if where else ""))
     outcome = {**count_records(records), "errors": []}
     for rec in records:
         if not rec.get("skipped") and rec.get("status") != "ok":
@@ -131,7 +133,7 @@ def run_isolated(execute: Callable[[], List[Dict]], label: str, num_threads=None
     return outcome
 
 
-def _failed(label: str, reason: str) -> Dict:
+def failed_outcome(label: str, reason: str) -> Dict:
     line = f"[{label}] {' '.join(reason.split())}"   # always one line
     print(f"fedbench: error: {line}", file=sys.stderr, flush=True)
     return {"ok": 0, "failed": 1, "skipped": 0, "errors": [line]}
@@ -211,8 +213,6 @@ class SweepSummary(Callback):
         os.environ[STATUS_DIR_ENV] = self.status_dir
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        import shutil
-
         total = collect_outcomes(self.status_dir)
         shutil.rmtree(self.status_dir, ignore_errors=True)
         os.environ.pop(STATUS_DIR_ENV, None)
@@ -223,45 +223,6 @@ class SweepSummary(Callback):
 
 # ---- reproduce.py / submit.py --cluster local ------------------------------------------------------------
 
-def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | None = None) -> Dict:
-    """One run of a local parallel sweep: its own threads, its own failure. ``env``: the launcher's
-    FEDBENCH_* variables (a reused joblib worker may have started under other ones)."""
-    from fedbench.launch.sweep import compose_run, run_dir, run_job_records
-
-    if env is not None:
-        for key in [k for k in os.environ if k.startswith("FEDBENCH_") and k not in env]:
-            del os.environ[key]
-        os.environ.update(env)
-    label = " ".join(overrides)
-    try:
-        cfg = compose_run(overrides)
-        threads = cfg.hardware.get("num_threads") or "auto"
-        out = run_dir(cfg, launch_dir)
-    except FedbenchError as e:
-        return _failed(label, str(e))
-    except Exception as e:   # e.g. Hydra's composition error: one line, this job only
-        return _failed(label, f"{type(e).__name__}: {e}")
-    return run_isolated(lambda: run_job_records(overrides, launch_dir), label, threads, out)
-
-
-def local_slice(todo: Sequence[Sequence[str]], launch_dir: str) -> Dict:
-    """One local submitit task: its share of the sweep, one run after another. Returns the merged outcome
-    with the run ids and statuses of every record (as ``run_job``)."""
-    total = merge_outcomes(local_job(list(ovs), launch_dir) for ovs in todo)
-    print(summary_line(total), flush=True)   # the last line of this task's log
-    return {**total, "status": ["ok"] * total["ok"] + ["skipped"] * total["skipped"] + ["failed"] * total["failed"]}
-
-
-def run_local(todo: Sequence[Sequence[str]], launch_dir: str, jobs: int) -> Dict:
-    """Run ``todo`` with ``jobs`` processes at once (joblib's loky workers; in-process when jobs == 1)."""
-    from joblib import Parallel, delayed
-
-    n = max(1, min(jobs, len(todo)))
-    env = {k: v for k, v in os.environ.items() if k.startswith("FEDBENCH_")}
-    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_job)(list(ovs), launch_dir, env) for ovs in todo)
-    return merge_outcomes(outcomes)
-
-
 def slices(todo: Sequence, n: int) -> List[List]:
     """``todo`` dealt round-robin into at most ``n`` non-empty slices (one per local task)."""
     n = max(1, min(n, len(todo)))
@@ -270,7 +231,6 @@ def slices(todo: Sequence, n: int) -> List[List]:
 
 def default_jobs(overrides: Sequence[str], parallel) -> int:
     """``--parallel`` if given, else ``hardware.jobs`` / ``hardware.num_threads`` of one run's config (no sweep syntax)."""
-    from fedbench.launch.sweep import compose_run
 
     if parallel is not None:
         return parallel_jobs(parallel, None)

@@ -9,9 +9,9 @@ and returns as soon as the array is queued.
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
+import json
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +20,9 @@ from fedbench.config.compose import allow_pretrained, compose_config, parse_over
 from fedbench.config.profiles import quote_value, set_overrides, table_profile
 from fedbench.config.validate import validate_config
 from fedbench.errors import FedbenchError
-from fedbench.results.records import compute_run_id, find_record_dir
+from fedbench.numerics import is_current
+from fedbench.results.records import compute_run_id, find_record_dir, read_record
+from fedbench.config.aggregators import expand_aggregators
 
 
 def _split(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
@@ -123,21 +125,6 @@ def _finished(cfg: DictConfig, launch_dir: str) -> bool:
                            need_model=bool(cfg.get("save_model"))) is not None
 
 
-def run_job_records(overrides: List[str], launch_dir: str) -> List[Dict]:
-    """Compose one run's config and execute it (every aggregator of a list); returns the records."""
-    from fedbench.runner import execute_all
-
-    os.chdir(launch_dir)
-    cfg = compose_run(overrides)
-    return execute_all(cfg, run_dir(cfg, launch_dir), CONF_DIR, launch_dir=launch_dir)
-
-
-def run_job(overrides: List[str], launch_dir: str) -> Dict:
-    """What one array task executes (also importable for local debugging)."""
-    recs = run_job_records(overrides, launch_dir)
-    return {"run_ids": [r["run_id"] for r in recs], "status": [r["status"] for r in recs]}
-
-
 def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_missing: bool = False):
     """(todo, done): override lists still to run, and those whose ok record exists.
 
@@ -152,7 +139,6 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
             cfg = compose_config(ovs, with_hydra=True)
         validate_config(cfg, launch_dir=launch_dir, allow_missing=allow_missing)   # every run of the sweep, before any is submitted or run
         if cfg.get("aggregators"):
-            from fedbench.runner import expand_aggregators
 
             subs = expand_aggregators(cfg, CONF_DIR)
             finished = all(_finished(s, launch_dir) for s in subs)
@@ -160,38 +146,6 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
             finished = _finished(cfg, launch_dir)
         (done if finished and not force else todo).append(ovs)
     return todo, done
-
-
-def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | None = None,
-           launch_dir: str | None = None, force: bool = False, params: Dict | None = None,
-           parallel: int | str | None = None):
-    """Queue the sweep's missing runs; returns (jobs, todo, done) without waiting.
-
-    ``cluster="local"`` starts at most ``parallel`` local tasks (default: cores // threads per job, see
-    ``fedbench.launch.parallel``), each running its round-robin slice of the runs one after another with
-    ``hardware.num_threads`` threads and isolated failures; elsewhere each run is one array task."""
-    import submitit
-
-    launch_dir = launch_dir or os.getcwd()
-    todo, done = plan(overrides, launch_dir, force)
-    if not todo:
-        return [], todo, done
-    folder = folder or str(Path(launch_dir) / "outputs" / "submitit" / "%j")
-    executor = submitit.AutoExecutor(folder=folder, cluster=None if cluster == "auto" else cluster)
-    params = dict(params or {})
-    if executor.cluster != "slurm":
-        params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
-    if params:
-        executor.update_parameters(**params)
-    if force:
-        todo = [ovs + ["force=true"] for ovs in todo]
-    if executor.cluster == "local":
-        from fedbench.launch.parallel import default_jobs, local_slice, slices
-
-        parts = slices(todo, default_jobs(todo[0], parallel))
-        return executor.map_array(local_slice, parts, [launch_dir] * len(parts)), todo, done
-    jobs = executor.map_array(run_job, todo, [launch_dir] * len(todo))
-    return jobs, todo, done
 
 
 def validate_cluster(cluster: str) -> str:
@@ -213,7 +167,6 @@ def missing_methods(overrides: Sequence[str]) -> List[str]:
 
 def _present_aggregators(cfg: DictConfig) -> str:
     """The aggregator list without unimplemented methods, as one Hydra override value."""
-    import json
 
     keep = []
     for entry in OmegaConf.to_container(cfg.aggregators, resolve=True):
@@ -227,3 +180,17 @@ def _present_aggregators(cfg: DictConfig) -> str:
         else:
             items.append("{" + ",".join(f"{k}:{json.dumps(v) if isinstance(v, str) else v}" for k, v in e.items()) + "}")
     return "[" + ",".join(items) + "]"
+
+
+def study_runs(overrides: Sequence[str], output_root: Path) -> List[Dict[str, Any]]:
+    """One entry per run of the study preset's sweep: overrides, config, run id, folder, record (or None)."""
+    out = []
+    for ovs in expand_sweep(overrides):
+        cfg = compose_run(ovs)
+        rid = compute_run_id(cfg)
+        folder = Path(output_root) / "runs" / rid
+        rec = read_record(folder / "metrics.json")
+        out.append({"overrides": ovs, "config": cfg, "run_id": rid, "dir": folder,
+                    "record": rec if rec and rec.get("status") == "ok" and rec.get("run_id") == rid
+                    and is_current(rec) else None})
+    return out

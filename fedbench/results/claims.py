@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
+from fedbench.errors import FedbenchError
 
 TIMEOUT_ENV = "FEDBENCH_CLAIM_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0
@@ -50,7 +51,6 @@ def claim_timeout() -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        from fedbench.errors import FedbenchError
         raise FedbenchError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
     return value
 

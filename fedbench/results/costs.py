@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional
 import pandas as pd
 
 from fedbench.errors import FedbenchError
+from fedbench.results.summaries import parse_source
 
 # paper unit -> (record section it is read from, factor from the record's unit: seconds or bytes)
 UNITS: Dict[str, tuple] = {"seconds": ("timing", 1.0), "minutes": ("timing", 1 / 60), "mb": ("communication", 1e-6)}
@@ -35,8 +36,6 @@ def is_cost(metric: Any) -> bool:
 
 def check_cost_column(col: Dict[str, Any], where: str) -> None:
     """A cost column reads the record section its unit comes from (time from timing.*, MB from communication.*)."""
-    from fedbench.results.summaries import parse_source
-
     metric = col.get("metric", "accuracy")
     if col.get("per_client") and not is_cost(metric):
         raise FedbenchError(f"{where}: {col['name']!r} sets per_client, which only a cost metric "

@@ -17,49 +17,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+import textwrap
 
 import pandas as pd
 
+from fedbench.config.specs import figure_spec
 from fedbench.errors import FedbenchError
-
-
-FIGURE_KINDS = ("rounds", "sweep")
-_FIGURE_FIELDS = ("kind", "x", "lines", "metric", "log_x", "log_y", "reference")
-_REFERENCE_FIELDS = ("table", "where", "x", "metric")
-
-
-def figure_spec(meta: Dict[str, Any]) -> Dict[str, Any]:
-    """The preset's ``table.figure`` with defaults, checked with one-line errors."""
-    fig = meta.get("figure") or {}
-    name = f"preset {meta.get('paper')}/{meta.get('id')}: table.figure"
-    if not isinstance(fig, dict):
-        raise FedbenchError(f"{name} must be a mapping with kind: {' | '.join(FIGURE_KINDS)}")
-    extra = set(fig) - set(_FIGURE_FIELDS)
-    if extra:
-        raise FedbenchError(f"{name}: unknown field(s) {', '.join(sorted(extra))} (allowed: {', '.join(_FIGURE_FIELDS)})")
-    spec = {"kind": fig.get("kind", "rounds"), "x": fig.get("x"), "lines": list(fig.get("lines") or []),
-            "metric": fig.get("metric"), "log_x": fig.get("log_x", "auto"), "log_y": fig.get("log_y", False),
-            "reference": list(fig.get("reference") or [])}
-    if spec["kind"] not in FIGURE_KINDS:
-        raise FedbenchError(f"{name}.kind must be one of {', '.join(FIGURE_KINDS)}, got {spec['kind']!r}")
-    if spec["log_x"] not in ("auto", True, False):
-        raise FedbenchError(f"{name}.log_x must be auto, true or false, got {spec['log_x']!r}")
-    if spec["log_y"] not in (True, False):
-        raise FedbenchError(f"{name}.log_y must be true or false, got {spec['log_y']!r}")
-    rows = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
-    if spec["kind"] == "sweep":
-        if spec["x"] not in rows:
-            raise FedbenchError(f"{name}.x must be one of the table's row keys ({', '.join(rows)}), got {spec['x']!r}")
-        bad = [k for k in spec["lines"] if k not in rows or k == spec["x"]]
-        if bad:
-            raise FedbenchError(f"{name}.lines must be row keys other than x, got {', '.join(map(str, bad))}")
-        if meta.get("columns") or meta.get("at_rounds"):
-            raise FedbenchError(f"{name}: a sweep figure reads one metric per run (no table.columns / at_rounds)")
-    for ref in spec["reference"]:
-        if not isinstance(ref, dict) or "/" not in str(ref.get("table", "")) or set(ref) - set(_REFERENCE_FIELDS):
-            raise FedbenchError(f"{name}.reference entries are {{table: <paper>/<table>, where: {{...}}, x: <value>, "
-                                f"metric: ...}}, got {ref!r}")
-    return spec
+from fedbench.results.records import read_history
+from fedbench.results.tables import norm_key, table_runs
+from fedbench.results.reference import load_reference
 
 
 def _missing_methods(runs: pd.DataFrame) -> List[str]:
@@ -71,7 +37,6 @@ def _missing_methods(runs: pd.DataFrame) -> List[str]:
 def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "accuracy",
                  runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Long table: row keys, method, seed, round, value — from each finished run's history.csv."""
-    from fedbench.results.tables import _history, table_runs
 
     runs = table_runs(overrides, output_root) if runs is None else runs
     meta = runs.attrs.get("table") or {}
@@ -85,7 +50,7 @@ def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "acc
             continue
         if r.get("status") != "ok":
             continue
-        for h in _history(Path(r["record_dir"]) / "history.csv"):
+        for h in read_history(Path(r["record_dir"]) / "history.csv"):
             v = h.get(metric)
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 continue
@@ -102,7 +67,6 @@ def sweep_points(overrides: Sequence[str], output_root: Path, metric: Optional[s
                  runs: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Long table of a sweep figure: row keys except x, method, seed, x, value — one row per finished run
     (the final-round metric of its record)."""
-    from fedbench.results.tables import table_runs
 
     runs = table_runs(overrides, output_root) if runs is None else runs
     meta = runs.attrs.get("table") or {}
@@ -129,8 +93,6 @@ def sweep_points(overrides: Sequence[str], output_root: Path, metric: Optional[s
 def sweep_reference(spec: Dict[str, Any]) -> Optional[pd.DataFrame]:
     """The papers' numbers for a sweep figure: rows of the named reference tables, filtered by ``where``, with
     ``x`` from the table's own x column or the entry's fixed ``x`` (a table reporting only the default setting)."""
-    from fedbench.results.reference import load_reference
-    from fedbench.results.tables import norm_key
 
     frames = []
     for ent in spec["reference"]:
@@ -161,8 +123,6 @@ def plot_sweep(points: pd.DataFrame, path: Path, *, title: str = "",
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from fedbench.results.tables import norm_key
 
     if points.empty:
         raise FedbenchError("no finished runs to plot (run the sweep first)")
@@ -262,7 +222,6 @@ def _style_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
 
 def _save_panels(fig, axes, used: int, cols: int, title: str, path: Path) -> None:
     """Hide unused panels, add the wrapped title, write the PNG and close the figure."""
-    import textwrap
 
     import matplotlib.pyplot as plt
 
@@ -292,7 +251,6 @@ def _no_runs(runs: pd.DataFrame) -> FedbenchError:
 def plot_sweep_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None,
                      runs: Optional[pd.DataFrame] = None) -> Tuple[Path, pd.DataFrame]:
     """A preset's sweep figure (``table.figure.kind: sweep``) and the data drawn."""
-    from fedbench.results.tables import table_runs
 
     runs = table_runs(overrides, output_root) if runs is None else runs
     points = sweep_points(overrides, output_root, metric, runs=runs)
@@ -309,8 +267,6 @@ def plot_sweep_table(overrides: Sequence[str], output_root: Path, figures_dir: P
 def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None) -> Path:
     """The preset's figure: ``results/figures/<paper>_<id>[_<profile>]_<metric>.png`` — accuracy over rounds, or
     a metric against a swept setting (``table.figure``)."""
-    from fedbench.results.reference import load_reference
-    from fedbench.results.tables import table_runs
 
     runs = table_runs(overrides, output_root)
     meta = runs.attrs.get("table") or {}

@@ -21,6 +21,13 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
+from fedbench.results.plotting import figure_title, pyplot, save_figure
+from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep, study_runs
+from fedbench.results.records import compute_run_id, load_record
+from fedbench.numerics import is_current
+from fedbench.config.aggregators import expand_aggregators
+from fedbench.results.reference import load_reference
+from fedbench.results.tsne import plot_tsne
 
 SELECTS = ("best_on_test", "mean")
 COLORS = {"FOLA": "C0", "FOLA agg.-only": "C2", "FOLA-offline": "C3", "FOLA prior + FedAvg agg.": "C4",
@@ -55,9 +62,6 @@ def _composed(overrides: Sequence[str]):
     set, which is checked against a full compose on the second run of every template (else: full compose)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from fedbench.launch.sweep import compose_run, expand_sweep
-    from fedbench.results.records import compute_run_id
-
     parser = OverridesParser.create()
     templates: Dict[tuple, Any] = {}
     for ovs in expand_sweep(overrides):
@@ -90,10 +94,6 @@ def _composed(overrides: Sequence[str]):
 def preset_records(overrides: Sequence[str], output_root: Path) -> pd.DataFrame:
     """One row per (run, aggregator) of the preset's sweep: the settings the FOLA figures use, the method label,
     the record's final metrics, run id and status; ``attrs['table']`` is the preset's table block."""
-    from fedbench.launch.sweep import CONF_DIR
-    from fedbench.numerics import is_current
-    from fedbench.results.records import compute_run_id, load_record
-    from fedbench.runner import expand_aggregators
 
     rows, meta = [], None
     for ovs, cfg in _composed(overrides):
@@ -147,29 +147,6 @@ def _histories(df: pd.DataFrame, output_root: Path) -> pd.DataFrame:
 
 
 # ---- plotting helpers ----------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _title(meta: Dict[str, Any], profile: str) -> str:
-    tag = "quick — reduced settings, NOT the paper's protocol" if profile == "quick" else profile
-    return f"{meta.get('paper')} {meta.get('id')}: {meta.get('title', '')} [profile: {tag}]"
-
-
-def _save(fig, path: Path, data: pd.DataFrame, title: str) -> Path:
-    import textwrap
-    fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
-    data.to_csv(path.with_name(path.stem + "_data.csv"), index=False)
-    return path
-
-
 def _color(method: str, i: int = 0) -> str:
     return COLORS.get(method, f"C{6 + i % 4}")
 
@@ -180,7 +157,6 @@ def _fmt(v) -> str:
 
 def _reference(metric: str, threshold: Optional[float] = None) -> pd.DataFrame:
     """Table II's α = 0.01 cells (the finals of Figs. 6(c)/7) with the figure's method names."""
-    from fedbench.results.reference import load_reference
 
     try:
         ref = load_reference("fola", "table2")
@@ -213,7 +189,7 @@ def select_over(df: pd.DataFrame, keep: List[str], value: str, how: str) -> pd.D
 # ---- Figs. 3 and 4: MNIST MLP, first-round GA ---------------------------------------------------------------
 def plot_fig3(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) -> Path:
     """GA after round 1 vs α, one line per (N, method): colours = N, line styles = methods."""
-    plt = _plt()
+    plt = pyplot()
     ok = _finished(df)
     how = meta.get("select", "best_on_test")
     sel = select_over(ok, ["method", "num_clients", "alpha"], "accuracy", how)
@@ -231,13 +207,13 @@ def plot_fig3(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) 
                  + (" (selected on the test set, as the paper)" if how == "best_on_test" else ""), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
-    return _save(fig, path, sel, _title(meta, profile))
+    return save_figure(fig, path, sel, figure_title(meta, profile))
 
 
 def plot_fig4(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) -> Path:
     """GA after round 1 vs (a) B, (b) E, (c) lr, each the best (or mean) over the other two; one row per N,
     colours = methods, line styles = α."""
-    plt = _plt()
+    plt = pyplot()
     ok = _finished(df)
     how = meta.get("select", "best_on_test")
     ns = sorted(ok["num_clients"].unique())
@@ -261,7 +237,7 @@ def plot_fig4(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) 
             ax.set_title(f"{label}, N={n}", fontsize=9)
             ax.grid(alpha=0.3)
     axes[0, -1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    return _save(fig, path, pd.concat(data, ignore_index=True), _title(meta, profile)
+    return save_figure(fig, path, pd.concat(data, ignore_index=True), figure_title(meta, profile)
                  + f" — {'best' if how == 'best_on_test' else 'mean'} over the other hyperparameters"
                  + (" (test-set selection, as the paper)" if how == "best_on_test" else ""))
 
@@ -274,7 +250,7 @@ def _series_label(r) -> str:
 
 def plot_fig6ab(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) -> Path:
     """(a) GA and (b) LA after the last round vs E: colours = methods, line styles = λ (mean ± std over seeds)."""
-    plt = _plt()
+    plt = pyplot()
     ok = _finished(df).copy()
     ok["series"] = ok.apply(_series_label, axis=1)
     stats = (ok.groupby(["method", "lambda", "series", "epochs"], dropna=False)[["accuracy", "local_accuracy"]]
@@ -294,12 +270,12 @@ def plot_fig6ab(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str
         ax.set_title(lab, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6, ncol=2)
-    return _save(fig, path, stats, _title(meta, profile))
+    return save_figure(fig, path, stats, figure_title(meta, profile))
 
 
 def plot_fig8(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) -> Path:
     """GA vs LA of every finished run (each seed a point), colours = methods."""
-    plt = _plt()
+    plt = pyplot()
     ok = _finished(df)
     fig, ax = plt.subplots(figsize=(6.5, 5))
     for m, g in ok.groupby("method", sort=False):
@@ -309,13 +285,13 @@ def plot_fig8(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     cols = ["method", "lambda", "epochs", "seed", "accuracy", "local_accuracy", "run_id"]
-    return _save(fig, path, ok[cols], _title(meta, profile))
+    return save_figure(fig, path, ok[cols], figure_title(meta, profile))
 
 
 # ---- Figs. 6(c), 7, 9: CIFAR-10 100-round runs -------------------------------------------------------------------
 def plot_fig6c(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) -> Path:
     """GA after the last round vs α per method (mean ± std over seeds); Table II's α = 0.01 values as x."""
-    plt = _plt()
+    plt = pyplot()
     ok = _finished(df)
     stats = ok.groupby(["method", "alpha"])["accuracy"].agg(["mean", "std", "count"]).reset_index()
     fig, ax = plt.subplots(figsize=(7, 4.8))
@@ -332,7 +308,7 @@ def plot_fig6c(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str)
     ax.set_title("x = the paper's Table II (α = 0.01)", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path, stats, _title(meta, profile))
+    return save_figure(fig, path, stats, figure_title(meta, profile))
 
 
 def _curves(ax, h: pd.DataFrame, col: str, by: List[str], style_key: Optional[str] = None) -> pd.DataFrame:
@@ -355,7 +331,7 @@ def _curves(ax, h: pd.DataFrame, col: str, by: List[str], style_key: Optional[st
 def plot_fig7(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str, output_root: Path) -> Path:
     """GA over rounds, colours = methods, line styles = α; Table II's α = 0.01 rounds to 30 / 40 % GA and
     final GA as x."""
-    plt = _plt()
+    plt = pyplot()
     h = _histories(_finished(df), output_root)
     fig, ax = plt.subplots(figsize=(9, 5.2))
     stats = _curves(ax, h, "accuracy", ["method", "alpha"], "alpha")
@@ -370,13 +346,13 @@ def plot_fig7(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str, 
     ax.set_ylabel("GA (%)")
     ax.set_title("x = the paper's Table II (α = 0.01): rounds to 30 / 40 % GA, GA at round 100", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
-    return _save(fig, path, stats, _title(meta, profile))
+    return save_figure(fig, path, stats, figure_title(meta, profile))
 
 
 def plot_fig9(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str, output_root: Path) -> Path:
     """(a) GA: FOLA aggregation-only vs FOLA-offline (no prior loss); (b) GA and (c) LA: the prior loss with
     FedAvg vs product aggregation, plus aggregation-only and FedAvg."""
-    plt = _plt()
+    plt = pyplot()
     h = _histories(_finished(df), output_root)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     a = h[h["method"].isin(["FOLA agg.-only", "FOLA-offline"])]
@@ -394,7 +370,7 @@ def plot_fig9(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str, 
         ax.set_ylabel("GA (%)" if col == "accuracy" else "LA (%)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    return _save(fig, path, pd.concat(data, ignore_index=True), _title(meta, profile))
+    return save_figure(fig, path, pd.concat(data, ignore_index=True), figure_title(meta, profile))
 
 
 # ---- Figs. 10-12: the §IV-E softmax-regression study --------------------------------------------------------------
@@ -405,7 +381,7 @@ _STYLE_LS = {"online": "-", "offline": "--", "identity": ":"}
 def plot_fig10(rounds: pd.DataFrame, sweep: pd.DataFrame, heatmaps: Dict[str, Any], path: Path, title: str) -> Path:
     """(a) normalised full-Laplace precision of client 1 (first parameters, round 1), (b)(c) GA along the π₁
     aggregation curves at the sweep rounds; colours = curvature, line styles = online / offline / identity."""
-    plt = _plt()
+    plt = pyplot()
     sweep_rounds = sorted(sweep["round"].unique()) if len(sweep) else []
     fig, axes = plt.subplots(1, 1 + len(sweep_rounds), figsize=(5.2 * (1 + len(sweep_rounds)), 4.4), squeeze=False)
     axes = axes[0]
@@ -425,12 +401,12 @@ def plot_fig10(rounds: pd.DataFrame, sweep: pd.DataFrame, heatmaps: Dict[str, An
         ax.set_title(f"({'bc'[k] if k < 2 else k}) aggregation functions, round {r}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path, sweep, title)
+    return save_figure(fig, path, sweep, title)
 
 
 def plot_fig11(rounds: pd.DataFrame, path: Path, title: str) -> Path:
     """(a) cosine similarity of the normalised client precisions (round 1), (b) GA and (c) LA over rounds."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     first = rounds[rounds["round"] == rounds["round"].min()]
     axes[0].bar(first["method"], first["precision_cosine"], color=[_CURV_COLORS[c] for c in first["curvature"]])
@@ -444,14 +420,14 @@ def plot_fig11(rounds: pd.DataFrame, path: Path, title: str) -> Path:
         ax.set_title(lab, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path, rounds, title)
+    return save_figure(fig, path, rounds, title)
 
 
 def plot_fig12(corr: pd.DataFrame, path: Path, title: str, ae_round: int = 3,
                reference: str = "full_online") -> Path:
     """(a) GA vs AE at ``ae_round``, (b) LA vs LF of the round after the optimum per E; colours = α, markers =
     methods (the full-Laplace reference itself is left out of (a): its AE is measured against itself)."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     alphas = sorted(corr["alpha"].unique())
     methods = list(dict.fromkeys(corr["method"]))
@@ -477,7 +453,7 @@ def plot_fig12(corr: pd.DataFrame, path: Path, title: str, ae_round: int = 3,
         ax.set_title(t, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    return _save(fig, path, corr, title)
+    return save_figure(fig, path, corr, title)
 
 
 # ---- dispatch --------------------------------------------------------------------------------------------------
@@ -495,7 +471,6 @@ def _profile(overrides: Sequence[str]) -> str:
 
 def _study_frames(overrides: Sequence[str], output_root: Path):
     """The study preset's finished runs: (meta, [(config, run folder)])."""
-    from fedbench.studies.presets import study_runs
 
     runs = study_runs(overrides, output_root)
     meta = OmegaConf.to_container(runs[0]["config"].table, resolve=True) if runs else {}
@@ -509,7 +484,7 @@ def _plot_study(kind: str, overrides: Sequence[str], output_root: Path, path: Pa
     import torch
 
     meta, done = _study_frames(overrides, output_root)
-    title = _title(meta, profile)
+    title = figure_title(meta, profile)
     if kind == "fola_fig12":
         frames = []
         for cfg, folder in done:
@@ -534,7 +509,6 @@ def _plot_study(kind: str, overrides: Sequence[str], output_root: Path, path: Pa
 
 def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir: Path) -> List[Path]:
     """Draw the preset's ``table.plots``; [] for a preset that declares none."""
-    from fedbench.launch.sweep import compose_run, expand_sweep
 
     runs = expand_sweep(overrides)
     cfg = compose_run(runs[0]) if runs else None
@@ -556,7 +530,6 @@ def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir
             continue
         df = preset_records(overrides, output_root) if df is None else df
         if k in MODEL_PLOTS:
-            from fedbench.results.tsne import plot_tsne
             paths.append(plot_tsne(k, df, meta, path, profile, output_root))
         elif k in RUN_PLOTS:
             paths.append(RUN_PLOTS[k](df, meta, path, profile))

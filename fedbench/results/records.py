@@ -9,6 +9,9 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
+from omegaconf import DictConfig, OmegaConf
+import numpy as np
+from fedbench.numerics import is_current
 
 # Keys that say where/how a run executes, not what it computes: excluded from run_id.
 NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table",
@@ -21,8 +24,6 @@ OFF_WHEN_EMPTY = ("server_unlabeled",)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(cfg, DictConfig):
         keys = [k for k in cfg.keys() if k not in NON_IDENTITY_KEYS]
         out = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], (DictConfig,))
@@ -41,7 +42,7 @@ def compute_run_id(cfg: Any) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -63,11 +64,21 @@ def write_torch_atomic(path: Path, obj: Any) -> None:
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_history(path: Path) -> List[Dict[str, Any]]:
+    """The rows of a record's ``history.csv`` (pandas' types), or [] when it is missing or unreadable."""
+    import pandas as pd   # only readers of histories need pandas; writing a record does not
+
+    try:
+        return pd.read_csv(path).to_dict("records")
+    except (OSError, ValueError):
+        return []
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n").encode())
 
 
 def write_csv_atomic(path: Path, rows: List[Mapping[str, Any]], columns: Optional[Iterable[str]] = None) -> None:
@@ -77,7 +88,7 @@ def write_csv_atomic(path: Path, rows: List[Mapping[str, Any]], columns: Optiona
     w.writeheader()
     for r in rows:
         w.writerow(r)
-    _atomic_write_bytes(path, buf.getvalue().encode())
+    atomic_write_bytes(path, buf.getvalue().encode())
 
 
 def _columns(rows):
@@ -91,7 +102,6 @@ def _columns(rows):
 
 def _json_default(o):
     try:
-        import numpy as np
 
         if isinstance(o, np.generic):
             return o.item()
@@ -116,7 +126,6 @@ def is_complete(path: Path, run_id: Optional[str] = None, need_model: bool = Fal
     """An ok record of ``run_id`` made by this code's numerics (``current``; see fedbench.numerics — a stale record
     is rerun, not skipped); with ``need_model`` (a ``save_model=true`` run) also its saved weights
     (``record['saved']``: file names beside the record), so that an older record without them is rerun."""
-    from fedbench.numerics import is_current
 
     rec = read_record(path)
     ok = bool(rec) and rec.get("status") == "ok" and (run_id is None or rec.get("run_id") == run_id)
@@ -181,5 +190,5 @@ def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path
         if src.is_file():
             data = src.read_bytes()
             if not (target / name).is_file() or (target / name).read_bytes() != data:
-                _atomic_write_bytes(target / name, data)
+                atomic_write_bytes(target / name, data)
     return target

@@ -11,6 +11,7 @@ import fnmatch
 import math
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from fedbench.errors import FedbenchError
 
 
 def _series(history: Sequence[Mapping[str, Any]], metric: str) -> List[tuple]:
@@ -56,7 +57,6 @@ SECTIONS = ("metrics", "summary", "timing", "communication")   # timing / commun
 
 def parse_source(text: str) -> Tuple[Optional[str], str, str]:
     """``'max(metrics.component*_accuracy)'`` -> ``('max', 'metrics', 'component*_accuracy')``."""
-    from fedbench.errors import FedbenchError
 
     m = _SOURCE.match(str(text).strip())
     how, body = (m.group(1), m.group(2)) if m and m.group(1) else (None, m.group(3) if m else "")

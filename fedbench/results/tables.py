@@ -27,9 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
+from fedbench.config.specs import figure_spec
 from fedbench.results.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
-from fedbench.results.records import compute_run_id, load_record, publish_record
+from fedbench.results.records import atomic_write_bytes, compute_run_id, load_record, publish_record, read_history
 from fedbench.results.summaries import last_k, parse_source, record_value
+from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
+from fedbench.config.aggregators import expand_aggregators
+from fedbench.results.reference import load_reference
 
 
 def partition_label(p: Dict[str, Any]) -> str:
@@ -188,8 +192,6 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
     With ``table.columns``: one row per (run, aggregator, column that applies) with ``column``, ``metric``,
     the column's keys, ``value`` and ``never`` (a finished run whose summary says the threshold was never reached).
     """
-    from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
-    from fedbench.runner import expand_aggregators
 
     conf_dir = conf_dir or CONF_DIR
     rows = []
@@ -233,7 +235,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                 rows.append(row)
                 continue
             # multi-round tables: one row per reported round, summarised from the run's history
-            hist = _history(Path(rec["_dir"]) / "history.csv") if status == "ok" else []
+            hist = read_history(Path(rec["_dir"]) / "history.csv") if status == "ok" else []
             how = meta.get("summary", "last3_mean")
             k = int(how[4]) if how.startswith("last") else 1
             for r in at_rounds:
@@ -287,13 +289,6 @@ def split_conflated_methods(rows: List[Dict[str, Any]], keys: Sequence[str]) -> 
     return rows
 
 
-def _history(path: Path) -> List[Dict[str, Any]]:
-    try:
-        return pd.read_csv(path).to_dict("records")
-    except (OSError, ValueError):
-        return []
-
-
 def summarise(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     """One row per cell: n (values), finished (ok runs), never (ok runs that never reached a threshold),
     planned (runs of the sweep), mean and sample std over the values."""
@@ -344,7 +339,6 @@ def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str 
     """The paper's number beside each cell (``paper``, ``paper_std``), joined on every key the cell and the
     reference CSV share (and on ``metric`` for derived columns), method variants on their base name."""
     try:
-        from fedbench.results.reference import load_reference
         ref = load_reference(paper, table)
     except (ImportError, FedbenchError, FileNotFoundError):
         ref = None
@@ -624,15 +618,12 @@ def register_collection(path: Path, name: str, overrides: Sequence[str], metric:
     text = ("# Every committed table under results/tables/ and the collect call that makes it (written by collect;\n"
             "# `make tables` regenerates them all from results/records/).\n"
             + OmegaConf.to_yaml(OmegaConf.create({"collections": entries})))
-    from fedbench.results.records import _atomic_write_bytes
-    _atomic_write_bytes(Path(path), text.encode())
+    atomic_write_bytes(Path(path), text.encode())
 
 
 def preset_meta(overrides: Sequence[str]) -> Dict[str, Any]:
     """The preset's ``table`` block with its column, layout and figure declarations checked (one-line
     FedbenchError), so that a bad declaration fails before any training; {} without a preset."""
-    from fedbench.launch.sweep import compose_run, expand_sweep
-    from fedbench.results.figures import figure_spec
 
     runs = expand_sweep(overrides)
     if not runs:

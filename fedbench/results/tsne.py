@@ -24,6 +24,10 @@ import torch
 import torch.nn as nn
 
 from fedbench.errors import FedbenchError
+from fedbench.results.plotting import figure_title, pyplot, save_figure
+from fedbench.data import load_dataset
+from fedbench.train.engine import TrainData
+from fedbench.models import build_model
 
 PLOTS = ("tsne_global", "tsne_local")
 NAMES = {"fedlpa": "FedLPA", "fedavg": "FedAvg", "fednova": "FedNova", "scaffold": "SCAFFOLD", "fedprox": "FedProx",
@@ -97,8 +101,6 @@ def _runs(df: pd.DataFrame, output_root: Path) -> List[Dict[str, Any]]:
 
 def _points(rec: Dict[str, Any], n_points: int, seed: int):
     """(model inputs, labels, train indices) of the seeded training subsample, preprocessed as in the run."""
-    from fedbench.data import load_dataset
-    from fedbench.train.engine import TrainData
 
     cfg = rec["config"]
     dcfg = cfg["dataset"]
@@ -114,8 +116,6 @@ def _points(rec: Dict[str, Any], n_points: int, seed: int):
 
 
 def _load(path: Path) -> Dict[str, Any]:
-    from fedbench.models import build_model
-
     blob = torch.load(path, map_location="cpu", weights_only=True)
     blob["module"] = build_model(blob["model"], input_shape=tuple(blob["input_shape"]),
                                  num_classes=int(blob["num_classes"]), **(blob.get("model_kwargs") or {})).eval()
@@ -141,9 +141,7 @@ def _features(blob: Dict[str, Any], params, x: torch.Tensor) -> np.ndarray:
 
 # ---- plot ------------------------------------------------------------------------------------------------------
 def _draw(panels: List[Dict[str, Any]], labels: np.ndarray, title: str, path: Path, num_classes: int) -> Path:
-    from fedbench.results.fola_figures import _plt, _save
-
-    plt = _plt()
+    plt = pyplot()
     cols = min(5, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.4 * rows + 0.9), squeeze=False)
@@ -167,13 +165,12 @@ def _draw(panels: List[Dict[str, Any]], labels: np.ndarray, title: str, path: Pa
     data = pd.concat([pd.DataFrame({"panel": p["panel"], "method": p["method"], "run_id": p["run_id"],
                                     "client": p.get("client", ""), "train_index": p["idx"], "label": labels,
                                     "x": p["xy"][:, 0], "y": p["xy"][:, 1]}) for p in panels], ignore_index=True)
-    return _save(fig, path, data, title)
+    return save_figure(fig, path, data, title)
 
 
 def plot_tsne(kind: str, df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str,
               output_root: Path) -> Path:
     """Draw ``tsne_global`` or ``tsne_local`` for the preset's finished runs (see the module docstring)."""
-    from fedbench.results.fola_figures import _title
 
     runs = _runs(df, output_root)
     n_points = int((meta.get("tsne") or {}).get("points", DEFAULT_POINTS))
@@ -219,6 +216,6 @@ def plot_tsne(kind: str, df: pd.DataFrame, meta: Dict[str, Any], path: Path, pro
                                "xy": embed(_features(blob, params, x), r["seed"])})
     what = ("global models" if kind == "tsne_global"
             else f"round-1 local models (as received by {chosen[0]['method']}, run {chosen[0]['run_id']})")
-    title = (_title(meta, profile) + f" — t-SNE of {what}: {layer} features of {len(labels)} training points "
+    title = (figure_title(meta, profile) + f" — t-SNE of {what}: {layer} features of {len(labels)} training points "
              f"(seeded subsample), colour = true class" + (f"; not run: {', '.join(missing)}" if missing else ""))
     return _draw(panels, labels, title, path, int(blob["num_classes"]))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
+import textwrap
+import io
 
 import numpy as np
 import torch
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.curvature import compute_curvature
+from fedbench.algorithms.fedlpa import CURVATURE
+from fedbench.data import load_dataset
 
 CHANNELS = (4, 6, 8)
 
@@ -70,7 +74,6 @@ def layer_slices(model: nn.Module) -> List[Tuple[str, slice]]:
 
 def fisher_pair(model: nn.Module, x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
     """(full empirical Fisher, FedLPA's K-FAC as a dense block-diagonal matrix), both (1/N) Σ_n, P×P."""
-    from fedbench.algorithms.fedlpa import CURVATURE
 
     full = compute_curvature(model, x, y, structure="full", fisher="empirical", scale="mean").to_dense()
     kfac = compute_curvature(model, x, y, **CURVATURE).to_dense()
@@ -91,7 +94,6 @@ def relative_frobenius(approx: Tensor, exact: Tensor) -> float:
 
 def mnist_tensors(data_root: str, n_train: int, n_fisher: int, seed: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Normalised MNIST: ``n_train`` training images to fit on, ``n_fisher`` other training images for the Fisher."""
-    from fedbench.data import load_dataset
 
     data = load_dataset("mnist", data_root)
     idx = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(seed))[: n_train + n_fisher]
@@ -146,7 +148,6 @@ def figure_fedlpa3(path, **kw) -> Dict[str, object]:
     fig.colorbar(im, cax=cax)
     fig.suptitle("FedLPA Fig. 3: full empirical Fisher vs its block-diagonal K-FAC approximation (MNIST, 3 conv + 1 FC)",
                  fontsize=10)
-    import textwrap
     text = (f"fedbench's net (the paper gives no sizes): conv 1→4, 4→6, 6→8 (3×3, ReLU, 2×2 max-pool) + linear 72→10, "
             f"{r['num_params']} parameters, trained {len(r['train_losses'])} epochs of SGD (batch 128, lr 0.05, momentum 0.9) on {kw.get('n_train', 6_000)} "
             f"MNIST images (held-out accuracy {100 * r['heldout_accuracy']:.1f} %); both curvatures on "
@@ -162,7 +163,6 @@ def figure_fedlpa3(path, **kw) -> Dict[str, object]:
 
 def save_quantized(fig, path, colors: int = 96) -> None:
     """PNG with an adaptive palette: heat maps of 1,432² noisy entries compress badly in RGB (~650 KB)."""
-    import io
 
     from PIL import Image
 

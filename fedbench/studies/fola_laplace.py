@@ -43,9 +43,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from omegaconf import OmegaConf
+import numpy as np
 
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import client_generator, epoch_batches
+from fedbench.data import load_dataset
+from fedbench.partition import make_partition
+from fedbench.models import build_model
+from fedbench.run.setup import normalization, resolve_device, set_threads
 
 #: method name -> (curvature, style); Fig. 10/11's seven curves
 METHODS: Dict[str, Tuple[str, str]] = {
@@ -484,7 +490,6 @@ STUDY_KEYS: Dict[str, Any] = {
 def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
     """(the ``study`` block with defaults, the StudyConfig) from a composed config; one-line FedbenchError on
     bad input, before any data are loaded."""
-    from omegaconf import OmegaConf
 
     block = OmegaConf.to_container(cfg.get("study") or {}, resolve=True)
     unknown = sorted(set(block) - set(STUDY_KEYS))
@@ -519,12 +524,6 @@ def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
 
 
 def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, dtype):
-    import numpy as np
-    from omegaconf import OmegaConf
-
-    from fedbench.data import load_dataset
-    from fedbench.partition import make_partition
-
     dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
     root = Path(str(cfg.paths.data_root)).expanduser()
@@ -539,7 +538,7 @@ def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, 
     if st["max_per_client"]:
         rng = np.random.default_rng(seed)
         parts = [np.sort(rng.choice(p, size=min(st["max_per_client"], len(p)), replace=False)) for p in parts]
-    mean, std = (data.mean, data.std) if dcfg.get("normalize", True) else (None, None)
+    mean, std = normalization(dcfg.get("normalize", True), (data.mean, data.std))
 
     def flat(x: Tensor) -> Tensor:
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
@@ -558,7 +557,6 @@ def _client_data(cfg, st: Mapping[str, Any], launch_dir: Optional[str], device, 
 
 def initial_theta(seed: int, in_features: int, num_classes: int) -> Tensor:
     """fedbench's softmax_regression initialisation under ``seed`` (as run.py: manual_seed, then build)."""
-    from fedbench.models import build_model
 
     torch.manual_seed(seed)
     model = build_model("softmax_regression", input_shape=(in_features,), num_classes=num_classes,
@@ -574,8 +572,6 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     Fig. 12) and write ``rounds.csv``, ``sweep.csv``, ``correlation.csv`` and ``heatmap_<method>.pt`` into
     ``out_dir``; returns what the run record adds (files, client sizes, summary)."""
     import pandas as pd
-
-    from fedbench.runner import resolve_device, set_threads
 
     st, study = study_settings(cfg)
     if str(cfg.model.name) != "softmax_regression":

@@ -36,14 +36,29 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import copy
+import time
+import shutil
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
+from fedbench.curvature.engine import KFAC_ALPHA, find_layers, input_patches, output_locations
+from fedbench.curvature.layout import ParamLayout
+from fedbench.curvature.likelihood import true_fisher_vectors
+from fedbench.models import build_model
+from fedbench.run.setup import build_setup
+from fedbench.runner import validate
+from fedbench.fl.loop import run_rounds
+from fedbench.algorithms import build_algorithm
+from fedbench.algorithms.base import weighted_average
+from fedbench.algorithms.fedfisher import decode_any
+from fedbench.eval.metrics import evaluate
 
 CASES = ("local_model_client1", "aggregate", "aggregate_plus_client1_kfac")
 CASE_LABELS = {"local_model_client1": "(i) client 1's local model",
@@ -82,16 +97,13 @@ def kfac_factors(model: nn.Module, x: Tensor, *, conv_convention: str = "nngeome
     """{layer: (A, G)} of the true-Fisher K-FAC (exact expectation over the classes, mean over the batch) of
     ``model`` on ``x``, in ``compute_curvature(structure="kfac", fisher="true", scale="mean")``'s conventions, but
     with the graph kept (``create_graph``) so that the factors can be differentiated w.r.t. ``x``."""
-    from fedbench.curvature.engine import _KFAC_ALPHA, find_layers, input_patches, output_locations
-    from fedbench.curvature.layout import ParamLayout
-    from fedbench.curvature.likelihood import true_fisher_vectors
 
     layout = ParamLayout.from_module(model)
     layers, problems = find_layers(model, layout)
     if problems:
         raise FedbenchError(f"K-FAC needs every trainable parameter in nn.Linear / nn.Conv2d: {problems[0]}")
-    if conv_convention not in _KFAC_ALPHA and conv_convention != "reduce":
-        raise FedbenchError(f"conv_convention must be one of {', '.join(list(_KFAC_ALPHA) + ['reduce'])}, "
+    if conv_convention not in KFAC_ALPHA and conv_convention != "reduce":
+        raise FedbenchError(f"conv_convention must be one of {', '.join(list(KFAC_ALPHA) + ['reduce'])}, "
                             f"got {conv_convention!r}")
     ins: Dict[str, Tensor] = {}
     outs: Dict[str, Tensor] = {}
@@ -124,7 +136,7 @@ def kfac_factors(model: nn.Module, x: Tensor, *, conv_convention: str = "nngeome
                 s = D.sum(2)
                 gk = s.t() @ s
             else:
-                gk = torch.einsum("nos,nps->op", D, D) * _KFAC_ALPHA[conv_convention][1](S)
+                gk = torch.einsum("nos,nps->op", D, D) * KFAC_ALPHA[conv_convention][1](S)
             gg[l.name] = gg[l.name] + gk
     out: Dict[str, Tuple[Tensor, Tensor]] = {}
     for l in layers:
@@ -137,7 +149,7 @@ def kfac_factors(model: nn.Module, x: Tensor, *, conv_convention: str = "nngeome
                 a = torch.cat([a, ones], 1)
             A = a.t() @ a / N
         else:
-            alpha = _KFAC_ALPHA[conv_convention][0](S)
+            alpha = KFAC_ALPHA[conv_convention][0](S)
             if l.bias is not None and bias_augment:
                 P = torch.cat([P, torch.ones(N, 1, S, dtype=P.dtype, device=P.device)], 1)
             A = torch.einsum("njs,nks->jk", P, P) * (alpha / N)
@@ -273,7 +285,6 @@ def train_evaluator(x: Tensor, y: Tensor, *, hidden: Sequence[int], epochs: int,
                     num_classes: int, seed: int, normalize=lambda t: t) -> nn.Module:
     """The independent evaluation classifier [I]: an MLP (not the attacked LeNet) trained with Adam on the
     full training set (``x`` raw images in [0, 1])."""
-    from fedbench.models import build_model
 
     torch.manual_seed(seed)
     model = build_model("mlp", input_shape=tuple(x.shape[1:]), num_classes=num_classes,
@@ -303,7 +314,6 @@ def predict(model: nn.Module, x: Tensor, batch_size: int = 2048) -> Tensor:
 # ---- config --------------------------------------------------------------------------------------------------
 def study_settings(cfg) -> Dict[str, Any]:
     """The ``study`` block with defaults, checked (one-line FedbenchError) before any data are loaded."""
-    from omegaconf import OmegaConf
 
     block = OmegaConf.to_container(cfg.get("study") or {}, resolve=True)
     unknown = sorted(set(block) - set(STUDY_KEYS))
@@ -345,75 +355,25 @@ def study_settings(cfg) -> Dict[str, Any]:
         raise FedbenchError(f"the GMI study needs num_clients >= 2, got {cfg.num_clients}")
     if int(cfg.rounds) != 1:
         raise FedbenchError(f"the GMI study attacks one-shot aggregates: rounds must be 1, got {cfg.rounds}")
-    from fedbench.runner import validate
     validate(cfg)
     return st
 
 
 # ---- from a config -------------------------------------------------------------------------------------------
 def _setup(cfg, launch_dir: Optional[str]):
-    """Data, partition, template model, seeded initialisation and FLSetup, as ``fedbench.runner.execute`` builds
-    them (so the client stage shares the run cache with ordinary runs of the same settings)."""
-    from omegaconf import OmegaConf
-
-    from fedbench.data import load_dataset
-    from fedbench.fl.cache import ClientStageCache
-    from fedbench.fl.loop import FLSetup
-    from fedbench.fl.server_data import ServerValConfig, draw_server_val
-    from fedbench.models import build_model, count_parameters
-    from fedbench.partition import make_partition
-    from fedbench.runner import _abs, resolve_backend, resolve_device, set_threads
-    from fedbench.train.config import LocalTrainConfig
-    from fedbench.train.engine import TrainData
-
-    dcfg = OmegaConf.to_container(cfg.dataset, resolve=True)
-    pcfg = OmegaConf.to_container(cfg.partition, resolve=True)
-    mcfg = OmegaConf.to_container(cfg.model, resolve=True)
-    local = LocalTrainConfig.from_cfg(OmegaConf.to_container(cfg.local, resolve=True))
-    device = resolve_device(str(cfg.hardware.device))
-    backend = resolve_backend(cfg.hardware.backend, device)
-    seed = int(cfg.seed)
-    data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
-    if data.task != "classification" or tuple(data.input_shape) != (1, 28, 28):
-        raise FedbenchError(f"the GMI study's GAN is built for 1x28x28 images, got {dcfg['name']} "
-                            f"{tuple(data.input_shape)}")
-    sval = ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True)
-                                    if cfg.get("server_val") is not None else None)
-    if sval.mode == "holdout" and sval.size > 0:
+    """Data, partition, FLSetup and seeded initialisation, from ``fedbench.run.setup.build_setup`` as every run
+    (so the client stage shares the run cache with ordinary runs of the same settings)."""
+    if str(cfg.server_val.get("mode")) == "holdout" and int(cfg.server_val.get("size") or 0) > 0:
         raise FedbenchError("the GMI study does not support server_val.mode=holdout")
-    val_idx, _ = draw_server_val(sval, len(data.train_y), seed)
-    labels = np.asarray(data.train_y.cpu())
-    parts = make_partition(pcfg["name"], labels, int(cfg.num_clients), seed, num_classes=data.num_classes or None,
-                           **{k: v for k, v in pcfg.items() if k != "name"})
-    torch.manual_seed(seed)
-    model = build_model(mcfg["name"], input_shape=tuple(data.input_shape), num_classes=data.num_classes,
-                        **{k: v for k, v in mcfg.items() if k not in ("name", "pretrained")}).to(device)
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    set_threads(cfg.hardware.get("num_threads"), device, count_parameters(model))
-    data = data.to(device)
-    mean, std = (data.mean, data.std) if dcfg.get("normalize", True) else (None, None)
-    train = TrainData(data.train_x, data.train_y, mean, std, None, data.task)
-    test = TrainData(data.test_x, data.test_y, mean, std, None, data.task)
-    cache_dir = cfg.paths.get("cache_dir") if cfg.get("cache", True) else None
-    stage_parts = {"dataset": dcfg, "partition": pcfg, "num_clients": int(cfg.num_clients), "seed": seed,
-                   "model": mcfg, "local": OmegaConf.to_container(cfg.local, resolve=True)}
-    server_val = None
-    if val_idx is not None:
-        vi = torch.as_tensor(val_idx, dtype=torch.long, device=device)
-        server_val = (train.inputs(vi), data.train_y[vi])
-    setup = FLSetup(model=model, train=train, test_inputs=test.inputs, test_y=data.test_y,
-                    client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
-                    local=local, seed=seed, device=device, task=data.task, backend=backend,
-                    conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
-                    eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
-                    cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None),
-                    stage_parts=stage_parts, server_val=server_val)
-    return data, parts, setup, init
+    run = build_setup(cfg, launch_dir)
+    data = run.data
+    if data.task != "classification" or tuple(data.input_shape) != (1, 28, 28):
+        raise FedbenchError(f"the GMI study's GAN is built for 1x28x28 images, got {cfg.dataset.name} "
+                            f"{tuple(data.input_shape)}")
+    return data, run.parts, run.fl, run.init_params
 
 
 def _load(template: nn.Module, params: Mapping[str, Tensor]) -> nn.Module:
-    import copy
-
     m = copy.deepcopy(template)
     with torch.no_grad():
         for n, p in m.named_parameters():
@@ -455,31 +415,50 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     """Train the clients, build the three attack targets, train the GAN and the evaluator, attack, evaluate;
     write ``attack.csv``, ``figure4.png`` and ``reconstructions.pt`` into ``out_dir``; return what the run
     record adds (``metrics.attack_accuracy_<case>`` in %, sizes, traces)."""
-    import time
-
-    import pandas as pd
-    from omegaconf import OmegaConf
-
-    from fedbench.algorithms import build_algorithm
-    from fedbench.algorithms.base import weighted_average
-    from fedbench.algorithms.fedfisher import decode_any
-    from fedbench.eval.metrics import evaluate
-    from fedbench.fl.loop import run_rounds
-
     log = log or (lambda *_: None)
     st = study_settings(cfg)
-    seed = int(cfg.seed)
-    label = int(st["target_label"])
+    seed, label = int(cfg.seed), int(st["target_label"])
     timing: Dict[str, float] = {}
     t0 = time.perf_counter()
     data, parts, setup, init = _setup(cfg, launch_dir)
-    dev = setup.device
     sizes = [int(len(p)) for p in parts]
     log(f"clients: {sizes} (client 1: {int((np.asarray(data.train_y.cpu())[parts[0]] == label).sum())} x {label})")
+    tg = _targets(cfg, setup, init, sizes)
+    timing["clients_and_aggregates_s"] = time.perf_counter() - t0
+    log("test accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in tg["accuracy"].items()))
 
-    # (1) clients + FedFisher(K-FAC) (whose clients are the plain FedAvg clients, cached under the same key)
-    acfg = OmegaConf.to_container(cfg.algorithm, resolve=True)
-    algo = build_algorithm(acfg, setup)
+    t1 = time.perf_counter()
+    aux_labels, (G, D, gan_trace) = _server_gan(st, setup, data, parts, seed, log)
+    timing["gan_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    evaluator, eval_acc = _evaluator(st, setup, data, seed)
+    timing["evaluator_s"] = time.perf_counter() - t2
+    log(f"evaluator test accuracy {eval_acc:.2f}")
+
+    # (4) the attack per case
+    acc = tg["accuracy"]
+    metrics: Dict[str, float] = {"evaluator_test_accuracy": eval_acc, "client1_test_accuracy": acc["client1"],
+                                 "fedavg_test_accuracy": acc["fedavg"], "fedfisher_test_accuracy": acc["fedfisher"]}
+    rows, images, traces = [], {}, {}
+    for case in st["cases"]:
+        t3 = time.perf_counter()
+        row, images[case], traces[case] = _attack_case(case, st, setup, tg, G, D, evaluator, seed, data.num_classes)
+        metrics[f"attack_accuracy_{case}"] = row["attack_accuracy"]
+        metrics[f"target_model_agreement_{case}"] = row["target_model_says_target"]
+        rows.append({**row, "seconds": time.perf_counter() - t3})
+        timing[f"attack_{case}_s"] = time.perf_counter() - t3
+        log(f"case {case}: attack accuracy {row['attack_accuracy']:.1f}% (target model says {label}: "
+            f"{row['target_model_says_target']:.1f}%)")
+    files = _write_outputs(Path(out_dir), rows, images, metrics, st, label, seed, cfg.get("profile"))
+    return {"files": files, "metrics": metrics, "client_sizes": sizes, "aux_label_counts": aux_labels.tolist(),
+            "gan_trace": gan_trace, "attack_traces": traces, "study_timing": timing,
+            "uplink_bytes": int(tg["logs"][-1].uplink_bytes) if tg["logs"] else None}
+
+
+def _targets(cfg, setup, init, sizes: List[int]) -> Dict[str, Any]:
+    """(1) clients + FedFisher(K-FAC) (whose clients are the plain FedAvg clients, cached under the same key):
+    the three attacked models, client 1's K-FAC as the server decodes it, and their test accuracies."""
+    algo = build_algorithm(OmegaConf.to_container(cfg.algorithm, resolve=True), setup)
     captured: Dict[int, Any] = {}
     upload = algo.client_message
 
@@ -493,90 +472,82 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     fedfisher_params = algo.predict_params(state)
     fedavg_params = weighted_average(client_params, sizes)
     # client 1's K-FAC exactly as uploaded (compressed if the algorithm compresses) and decoded by the server
+    dev = setup.device
     payload = algo._curvature_payload(0, client_params[0], 1)["factors"]
     kfac1 = {sp.module: (decode_any(payload[sp.module]["A"]).to(dev), decode_any(payload[sp.module]["G"]).to(dev))
              for sp in algo.specs}
-    timing["clients_and_aggregates_s"] = time.perf_counter() - t0
     ev = dict(task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
     acc = {name: evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
            for name, p in (("client1", client_params[0]), ("fedavg", fedavg_params), ("fedfisher", fedfisher_params))}
-    log("test accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in acc.items()))
-    targets = {"local_model_client1": client_params[0], "aggregate": fedavg_params,
-               "aggregate_plus_client1_kfac": fedfisher_params}
+    models = {"local_model_client1": client_params[0], "aggregate": fedavg_params,
+              "aggregate_plus_client1_kfac": fedfisher_params}
+    return {"models": models, "kfac1": kfac1, "accuracy": acc, "logs": logs,
+            "conv": getattr(algo, "conv_convention", "nngeometry")}
 
-    # (2) the server's auxiliary data: aux_size samples of clients 2..K, uniformly without replacement [I]
-    t1 = time.perf_counter()
+
+def _server_gan(st, setup, data, parts, seed: int, log):
+    """(2) the server's auxiliary data: aux_size samples of clients 2..K, uniformly without replacement [I];
+    returns (their label counts, the trained (G, D, trace))."""
     pool = np.concatenate([np.asarray(p) for p in parts[1:]])
     if st["aux_size"] > len(pool):
         raise FedbenchError(f"study.aux_size={st['aux_size']} exceeds the {len(pool)} samples of clients 2..K")
     aux = np.sort(np.random.default_rng([seed, 0xA0C5]).choice(pool, size=st["aux_size"], replace=False))
-    aux_t = torch.as_tensor(aux, dtype=torch.long, device=dev)
+    aux_t = torch.as_tensor(aux, dtype=torch.long, device=setup.device)
     aux_labels = np.bincount(np.asarray(data.train_y.cpu())[aux], minlength=int(data.num_classes))
-    G, D, gan_trace = train_gan(setup.train.raw(aux_t), z_dim=st["z_dim"], steps=st["gan_steps"],
-                                critic_steps=st["gan_critic_steps"], batch_size=st["gan_batch_size"],
-                                lr=float(st["gan_lr"]), gp_weight=float(st["gan_gp_weight"]), seed=seed,
-                                width=st["gan_width"], log=log)
-    timing["gan_s"] = time.perf_counter() - t1
+    gan = train_gan(setup.train.raw(aux_t), z_dim=st["z_dim"], steps=st["gan_steps"],
+                    critic_steps=st["gan_critic_steps"], batch_size=st["gan_batch_size"],
+                    lr=float(st["gan_lr"]), gp_weight=float(st["gan_gp_weight"]), seed=seed,
+                    width=st["gan_width"], log=log)
+    return aux_labels, gan
 
-    # (3) the evaluation classifier [I]: a different architecture on the full training set
-    t2 = time.perf_counter()
+
+def _evaluator(st, setup, data, seed: int):
+    """(3) the evaluation classifier [I]: a different architecture on the full training set; (model, test acc %)."""
+    dev = setup.device
     all_idx = torch.arange(len(data.train_y), device=dev)
     evaluator = train_evaluator(setup.train.raw(all_idx), data.train_y.long(), hidden=st["evaluator_hidden"],
                                 epochs=st["evaluator_epochs"], lr=float(st["evaluator_lr"]),
                                 batch_size=st["evaluator_batch_size"], num_classes=int(data.num_classes),
                                 seed=seed + 7, normalize=setup.train.normalize)
     test_pred = predict(evaluator, setup.test_inputs(torch.arange(len(data.test_y), device=dev)))
-    eval_acc = 100.0 * float((test_pred.cpu() == data.test_y.cpu()).float().mean())
-    timing["evaluator_s"] = time.perf_counter() - t2
-    log(f"evaluator test accuracy {eval_acc:.2f}")
+    return evaluator, 100.0 * float((test_pred.cpu() == data.test_y.cpu()).float().mean())
 
-    # (4) the attack per case
-    conv = getattr(algo, "conv_convention", "nngeometry")
-    metrics: Dict[str, float] = {"evaluator_test_accuracy": eval_acc, "client1_test_accuracy": acc["client1"],
-                                 "fedavg_test_accuracy": acc["fedavg"], "fedfisher_test_accuracy": acc["fedfisher"]}
-    rows, images, traces = [], {}, {}
-    for case in st["cases"]:
-        t3 = time.perf_counter()
-        model = _load(setup.model, targets[case])
-        res = invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
-                     lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
-                     lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
-                     kfac_target=kfac1 if case == "aggregate_plus_client1_kfac" else None,
-                     lambda_kfac=float(st["lambda_kfac"]), conv_convention=conv, seed=seed * 1000 + 17)
-        imgs = res["images"]
-        pred = predict(evaluator, setup.train.normalize(imgs))
-        attack_acc = 100.0 * float((pred == label).float().mean())
-        with torch.no_grad():
-            target_pred = predict(model, setup.train.normalize(imgs))
-        metrics[f"attack_accuracy_{case}"] = attack_acc
-        metrics[f"target_model_agreement_{case}"] = 100.0 * float((target_pred == label).float().mean())
-        images[case] = imgs[: st["grid_per_case"]].cpu()
-        traces[case] = res["trace"]
-        rows.append({"case": case, "attack_accuracy": attack_acc,
-                     "target_model_says_target": metrics[f"target_model_agreement_{case}"],
-                     "evaluator_label_counts": np.bincount(pred.cpu().numpy(), minlength=int(data.num_classes)).tolist(),
-                     "final_target_prob": res["trace"][-1]["target_prob"], "seconds": time.perf_counter() - t3})
-        timing[f"attack_{case}_s"] = time.perf_counter() - t3
-        log(f"case {case}: attack accuracy {attack_acc:.1f}% (target model says {label}: "
-            f"{metrics[f'target_model_agreement_{case}']:.1f}%)")
 
-    out = Path(out_dir)
+def _attack_case(case: str, st, setup, tg: Dict[str, Any], G, D, evaluator, seed: int, num_classes: int):
+    """(4) one case's attack: (its attack.csv row, the grid images, the optimisation trace)."""
+    label = int(st["target_label"])
+    model = _load(setup.model, tg["models"][case])
+    res = invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
+                 lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
+                 lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
+                 kfac_target=tg["kfac1"] if case == "aggregate_plus_client1_kfac" else None,
+                 lambda_kfac=float(st["lambda_kfac"]), conv_convention=tg["conv"], seed=seed * 1000 + 17)
+    imgs = res["images"]
+    pred = predict(evaluator, setup.train.normalize(imgs))
+    with torch.no_grad():
+        target_pred = predict(model, setup.train.normalize(imgs))
+    row = {"case": case, "attack_accuracy": 100.0 * float((pred == label).float().mean()),
+           "target_model_says_target": 100.0 * float((target_pred == label).float().mean()),
+           "evaluator_label_counts": np.bincount(pred.cpu().numpy(), minlength=int(num_classes)).tolist(),
+           "final_target_prob": res["trace"][-1]["target_prob"]}
+    return row, imgs[: st["grid_per_case"]].cpu(), res["trace"]
+
+
+def _write_outputs(out: Path, rows, images, metrics, st, label: int, seed: int, prof) -> Dict[str, str]:
+    import pandas as pd
+
     out.mkdir(parents=True, exist_ok=True)
     files = {"attack": "attack.csv", "figure4": "figure4.png", "reconstructions": "reconstructions.pt"}
     pd.DataFrame(rows).to_csv(out / files["attack"], index=False)
     torch.save({c: im for c, im in images.items()}, out / files["reconstructions"])
-    prof = cfg.get("profile")
     save_grid(images, out / files["figure4"],
               title=f"GMI reconstructions of digit {label} (seed {seed}, profile {prof}); attack accuracy: "
                     + ", ".join(f"{c.split('_')[0]} {metrics[f'attack_accuracy_{c}']:.0f}%" for c in st["cases"]))
-    return {"files": files, "metrics": metrics, "client_sizes": sizes, "aux_label_counts": aux_labels.tolist(),
-            "gan_trace": gan_trace, "attack_traces": traces, "study_timing": timing,
-            "uplink_bytes": int(logs[-1].uplink_bytes) if logs else None}
+    return files
 
 
 def publish(runs: Sequence[Mapping[str, Any]], figures_dir: Path, profile: str) -> List[Path]:
     """Copy the first finished run's Fig. 4 grid to ``results/figures/fedfisher_figure4[_<profile>].png``."""
-    import shutil
 
     for r in runs:
         src = Path(r["dir"]) / "figure4.png"

@@ -24,13 +24,17 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
+from fedbench.launch.sweep import compose_run, expand_sweep, study_runs
+from fedbench.numerics import current
+from fedbench.results.records import write_json_atomic
+from fedbench.results.fola_figures import plot_preset_figures
+from fedbench.results.tables import attach_reference, summarise, table_runs, to_markdown
 
 STUDIES = ("fola_laplace", "gmi_attack")
 
 
 def study_name(overrides: Sequence[str]) -> Optional[str]:
     """The preset's ``table.study`` (checked), or None for an ordinary preset (or no preset)."""
-    from fedbench.launch.sweep import compose_run, expand_sweep
 
     runs = expand_sweep(overrides)
     if not runs:
@@ -48,29 +52,9 @@ def _module(name: str):
     return importlib.import_module(f"fedbench.studies.{name}")
 
 
-def study_runs(overrides: Sequence[str], output_root: Path) -> List[Dict[str, Any]]:
-    """One entry per run of the study preset's sweep: overrides, config, run id, folder, record (or None)."""
-    from fedbench.launch.sweep import compose_run, expand_sweep
-    from fedbench.numerics import is_current
-    from fedbench.results.records import compute_run_id, read_record
-
-    out = []
-    for ovs in expand_sweep(overrides):
-        cfg = compose_run(ovs)
-        rid = compute_run_id(cfg)
-        folder = Path(output_root) / "runs" / rid
-        rec = read_record(folder / "metrics.json")
-        out.append({"overrides": ovs, "config": cfg, "run_id": rid, "dir": folder,
-                    "record": rec if rec and rec.get("status") == "ok" and rec.get("run_id") == rid
-                    and is_current(rec) else None})
-    return out
-
-
 def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None, *, force: bool = False,
                      log=print) -> List[Dict[str, Any]]:
     """Run every study of the preset's sweep that has no ok record yet (all of them with ``force``)."""
-    from fedbench.numerics import current
-    from fedbench.results.records import write_json_atomic
 
     launch_dir = launch_dir or os.getcwd()
     name = study_name(overrides)
@@ -100,7 +84,6 @@ def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None,
 def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, *, run: bool = True) -> List[Path]:
     """``make reproduce`` for a study preset: run what is missing (unless ``run`` is False), then draw the
     preset's ``table.plots``; returns the figure paths."""
-    from fedbench.results.fola_figures import plot_preset_figures
 
     launch_dir = launch_dir or os.getcwd()
     if run:
@@ -121,7 +104,6 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
 def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir: Path) -> Optional[Path]:
     """The study preset's table (``table.columns``) from its run records, beside the paper's numbers:
     ``<tables_dir>/<paper>_<id>[_<profile>].md`` (+ ``_runs.csv``); None when the preset declares no columns."""
-    from fedbench.results.tables import attach_reference, summarise, table_runs, to_markdown
 
     df = table_runs(overrides, Path(output_root))
     meta = df.attrs.get("table") or {}

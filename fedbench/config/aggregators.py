@@ -1,0 +1,38 @@
+"""``aggregators: [...]``: one full config per aggregator, each with its algorithm group's YAML."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedbench.errors import FedbenchError
+
+
+def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:
+    """``aggregators: [fedavg, fednova, {name: fedprox, mu: 0.1}, ...]`` -> one full config per aggregator.
+
+    Each gets the algorithm group's YAML (updated by the dict's keys), so its run_id equals that of
+    a plain ``algorithm=<name>`` run and the records are interchangeable; all share the cached clients.
+    """
+    out = []
+    for entry in cfg.aggregators:
+        entry = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+        name = entry if isinstance(entry, str) else entry.get("name") if isinstance(entry, dict) else None
+        path = conf_dir / "algorithm" / f"{name}.yaml"
+        if not name or not path.exists():
+            if allow_missing and name:   # collect: mark the column as not implemented yet
+                algo = OmegaConf.create({"name": name, "_missing": True})
+                sub = OmegaConf.merge(cfg, {"aggregators": None})
+                sub.algorithm = algo
+                out.append(sub)
+                continue
+            options = sorted(p.stem for p in (conf_dir / "algorithm").glob("*.yaml"))
+            raise FedbenchError(f"aggregators: algorithm {entry!r} is not implemented yet (no conf/algorithm/"
+                                f"{name}.yaml); available: {', '.join(options)}")
+        algo = OmegaConf.load(path)
+        if isinstance(entry, dict):   # the entry's name picks the YAML (e.g. dense_fedfisher, whose method is dense)
+            algo = OmegaConf.merge(algo, {k: v for k, v in entry.items() if k != "name"})
+        sub = OmegaConf.merge(cfg, {"aggregators": None})
+        sub.algorithm = algo
+        out.append(sub)
+    return out
