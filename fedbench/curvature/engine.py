@@ -222,16 +222,23 @@ def _acc(d: Dict[str, Tensor], key: str, val: Tensor) -> None:
 
 
 class DiagHooks(HooksConsumer):
-    """Σ_n Σ_k (per-sample gradient)² per parameter (per-sample gradient Σ_s δ_s a_sᵀ)."""
+    """Σ_n Σ_k (per-sample gradient)² per parameter (per-sample gradient Σ_s δ_s a_sᵀ).
+
+    Layers with weight sharing (S > 1) keep the K columns' output gradients and square the
+    per-sample gradients of all columns at the end of the chunk with one batched product
+    [N, K·O, S] @ [N, S, J]: the same dot products as one product per column (bit-identical
+    results), about twice as fast on a CPU for LeNet-sized convolutions."""
 
     def __init__(self, layers: Sequence[Layer]):
         self.layers = layers
         self.diag: Dict[str, Tensor] = {}
         self._sq: Dict[str, Tensor] = {}
+        self._cols: Dict[str, List[Tensor]] = {}
         self._patches: Dict[str, Tensor] = {}
 
     def start(self, patches, n):
         self._sq = {}
+        self._cols = {}
         self._patches = patches
 
     def grad(self, layer, k, D, P):
@@ -240,14 +247,15 @@ class DiagHooks(HooksConsumer):
             _acc(self._sq, layer.name, d * d)
             return
         if layer.weight is not None:
-            gw = torch.bmm(D, P.transpose(1, 2))                          # [N, O, J]
-            _acc(self.diag, layer.weight, (gw * gw).sum(0).reshape(layer.module.weight.shape))
+            self._cols.setdefault(layer.name, []).append(D)
         if layer.bias is not None:
             gb = D.sum(2)
             _acc(self.diag, layer.bias, (gb * gb).sum(0))
 
     def end(self):
         for l in self.layers:
+            if l.name in self._cols:
+                self._shared_weight(l, self._cols[l.name])
             if l.name not in self._sq:
                 continue
             d2 = self._sq[l.name]
@@ -257,7 +265,16 @@ class DiagHooks(HooksConsumer):
             if l.bias is not None:
                 _acc(self.diag, l.bias, d2.sum(0))
         self._sq = {}
+        self._cols = {}
         self._patches = {}
+
+    def _shared_weight(self, layer: Layer, cols: List[Tensor]) -> None:
+        N, O, S = cols[0].shape
+        D = torch.stack(cols, 1).reshape(N, len(cols) * O, S)            # [N, K·O, S]
+        gw = torch.bmm(D, self._patches[layer.name].transpose(1, 2))      # [N, K·O, J]
+        sq = (gw * gw).reshape(N, len(cols), O, -1)
+        for k in range(len(cols)):   # summed over n per column as before, so the floats do not move
+            _acc(self.diag, layer.weight, sq[:, k].contiguous().sum(0).reshape(layer.module.weight.shape))
 
 
 # K-FAC conv conventions: (α_A(S), α_G(S)) multiplying Σ_s ā āᵀ and Σ_s δ δᵀ per sample.
