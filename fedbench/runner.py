@@ -270,6 +270,7 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
                     client_indices=[torch.as_tensor(p, dtype=torch.long, device=device) for p in parts],
                     local=local, seed=seed, device=device, task=data.task, backend=backend,
                     conv_strategy=cfg.hardware.get("conv_strategy", "auto"),
+                    memory_format=str(cfg.hardware.get("memory_format", "contiguous")),
                     eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
                     local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
                     cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
