@@ -119,7 +119,7 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
     """Train each client from ``start`` (one shared dict or one per client) for local.epochs.
 
     memory_format (serial backend): "channels_last" runs the worker's convolutions on NHWC tensors,
-    ~1.5-1.8x faster local training for LeNet / SimpleCNN on one CPU thread (scripts/bench_throughput.py);
+    1.1-1.8x faster LeNet / SimpleCNN steps on one CPU thread (measured on a loaded 2-core machine) (scripts/bench_throughput.py);
     other convolution kernels, so weights agree with "contiguous" to float rounding, not bit for bit.
     """
     if backend not in BACKENDS:
