@@ -119,8 +119,8 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
     """Train each client from ``start`` (one shared dict or one per client) for local.epochs.
 
     memory_format (serial backend): "channels_last" runs the worker's convolutions on NHWC tensors,
-    1.1-1.8x faster LeNet / SimpleCNN steps on one CPU thread (measured on a loaded 2-core machine) (scripts/bench_throughput.py);
-    other convolution kernels, so weights agree with "contiguous" to float rounding, not bit for bit.
+    1.1-1.8x faster LeNet / SimpleCNN steps on one CPU thread of a loaded 2-core machine
+    (scripts/bench_throughput.py); other convolution kernels, so weights agree with "contiguous" to float rounding, not bit for bit.
     """
     if backend not in BACKENDS:
         raise FedbenchError(f"unknown training backend '{backend}'; choose one of {BACKENDS}")
