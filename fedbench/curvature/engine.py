@@ -227,7 +227,9 @@ class DiagHooks(HooksConsumer):
     Layers with weight sharing (S > 1) square the per-sample gradients of several columns k with one
     batched product [N, g·O, S] @ [N, S, J] (g columns, at most ``group_values`` values per stacked
     tensor) instead of one small product per column: the same dot products, summed over n per column
-    in the same order as before, so the result is bit-identical. The stacked tensors live in buffers
+    in the same order as before. Bit-identical to one product per column for LeNet / SimpleCNN in float32
+    (checked); elsewhere the BLAS may choose another kernel for the taller product, so equal to rounding
+    (tests/test_curvature.py::test_diag_column_groups_do_not_change_bits). The stacked tensors live in buffers
     reused across chunks: large fresh allocations are page-faulted on every chunk on a CPU, which costs
     more than the products themselves."""
 
