@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Local-training speed: serial and batched engine vs a plain per-client DataLoader loop.
+"""Local-training speed: serial, serial channels-last and batched engine vs a plain per-client DataLoader loop.
 
     python scripts/bench_engine.py --dataset fmnist --model lenet --clients 10 --epochs 2
 
+Backends: plain, serial, serial_nhwc (serial with hardware.memory_format=channels_last), batched.
 Prints wall time per backend and the ratio against the plain loop (a torch DataLoader over
 the client's samples, a deep-copied model per client, torch.optim.SGD), on this machine.
 """
@@ -56,7 +57,7 @@ def main():
     ap.add_argument("--beta", type=float, default=0.5, help="noniid-labeldir concentration")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--data-root", default=os.environ.get("FEDBENCH_DATA", "data"))
-    ap.add_argument("--backends", default="plain,serial,batched")
+    ap.add_argument("--backends", default="plain,serial,serial_nhwc,batched")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -86,7 +87,8 @@ def main():
         if name == "plain":
             plain_loop(model, td, idx, cfg, args.seed)
         else:
-            train_clients(model, td, idx, start, cfg, backend=name, seed=args.seed)
+            fmt = "channels_last" if name == "serial_nhwc" else "contiguous"
+            train_clients(model, td, idx, start, cfg, backend=name.split("_")[0], seed=args.seed, memory_format=fmt)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times[name] = time.perf_counter() - t0
@@ -97,6 +99,8 @@ def main():
               ", ".join(f"{k} {v / base:.2f}x" for k, v in times.items()))
     if "serial" in times and "batched" in times:
         print(f"batched / serial = {times['batched'] / times['serial']:.2f}x")
+    if "serial" in times and "serial_nhwc" in times:
+        print(f"serial_nhwc / serial = {times['serial_nhwc'] / times['serial']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,12 @@ SGD update) against the peak fp32 GFLOP/s the script measures itself (a square m
 
     python scripts/bench_throughput.py                 # SimpleCNN and LeNet, batch 64, 1 thread
     python scripts/bench_throughput.py --threads 2 --batch-size 128
+    python scripts/bench_throughput.py --compile       # also torch.compile the whole step (prints compile time)
 
+Variants per model: ``contiguous`` (the default NCHW step, what the serial backend runs), ``channels_last`` (NHWC
+model and batch, ``hardware.memory_format=channels_last``) and, with --compile, ``compiled`` (torch.compile of
+forward + backward + SGD step). Each repeat round times every variant and the peak matmul back to back, so the
+% of peak of a round uses a peak measured under the same load; the table shows medians over --repeats rounds.
 FLOPs are counted by torch.utils.flop_counter on one step (matmuls and convolutions, forward and backward), so the
 ratio is what the arithmetic needs over what the machine can do; prints numbers, never pass/fail.
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -25,12 +31,11 @@ from fedbench.models import build_model  # noqa: E402
 SHAPES = {"simple_cnn": (1, 28, 28), "lenet": (1, 28, 28)}
 
 
-def peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+def matmul_seconds(n: int = 2048, repeats: int = 3) -> float:
     """Best of ``repeats`` fp32 n×n matmuls (2n³ FLOPs each)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b   # warm-up
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
-    return 2 * n ** 3 / best / 1e9
+    return min(_timed(lambda: a @ b) for _ in range(repeats))
 
 
 def _timed(fn) -> float:
@@ -39,29 +44,36 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def step_fn(model, x, y, opt):
-    def step():
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return step
-
-
-def training_gflops(name: str, batch: int, steps: int) -> tuple:
-    """(GFLOP per step, achieved GFLOP/s: the best of 3 timings of ``steps`` steps)."""
+def make_step(name: str, batch: int, variant: str):
+    """(step function, compile seconds or 0) for one model and variant, on fixed random data."""
     torch.manual_seed(0)
     shape = SHAPES[name]
     model = build_model(name, input_shape=shape, num_classes=10)
     x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
+    if variant == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    step = step_fn(model, x, y, opt)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    if variant != "compiled":
+        return step, 0.0
+    compiled = torch.compile(step)
+    t0 = time.perf_counter()
+    compiled()   # the first two calls compile (the second one the momentum-buffer branch)
+    compiled()
+    return compiled, time.perf_counter() - t0
+
+
+def step_gflop(name: str, batch: int) -> float:
+    step, _ = make_step(name, batch, "contiguous")
     with FlopCounterMode(display=False) as counter:
         step()
-    flops = counter.get_total_flops()
-    for _ in range(3):   # warm-up
-        step()
-    best = min(_timed(lambda: [step() for _ in range(steps)]) for _ in range(3))
-    return flops / 1e9, flops * steps / best / 1e9
+    return counter.get_total_flops() / 1e9
 
 
 def main(argv=None) -> int:
@@ -69,16 +81,39 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="simple_cnn,lenet")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also time a torch.compile'd step (compiles per model)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    peak = peak_gflops()
-    print(f"peak (2048² fp32 matmul, {args.threads} thread(s)): {peak:.1f} GFLOP/s")
-    print("| model | batch | GFLOP per step | achieved GFLOP/s | % of peak |")
-    print("|---|---|---|---|---|")
-    for name in args.models.split(","):
-        per_step, achieved = training_gflops(name, args.batch_size, args.steps)
-        print(f"| {name} | {args.batch_size} | {per_step:.4f} | {achieved:.1f} | {100 * achieved / peak:.0f} % |")
+    variants = ["contiguous", "channels_last"] + (["compiled"] if args.compile else [])
+    models = args.models.split(",")
+    gflop = {m: step_gflop(m, args.batch_size) for m in models}
+    steps, compile_s = {}, {}
+    for m in models:
+        for v in variants:
+            steps[m, v], compile_s[m, v] = make_step(m, args.batch_size, v)
+            for _ in range(3):   # warm-up
+                steps[m, v]()
+    peaks, rates = [], {k: [] for k in steps}
+    for _ in range(args.repeats):
+        peaks.append(2 * 2048 ** 3 / matmul_seconds() / 1e9)
+        for k, fn in steps.items():
+            sec = _timed(lambda: [fn() for _ in range(args.steps)])
+            rates[k].append(gflop[k[0]] * args.steps / sec)
+    print(f"peak (2048² fp32 matmul, {args.threads} thread(s)): median {statistics.median(peaks):.1f} GFLOP/s "
+          f"over {args.repeats} rounds {[round(p, 1) for p in peaks]}")
+    print("| model | batch | variant | GFLOP per step | ms per step | achieved GFLOP/s | % of peak | compile s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (m, v), r in rates.items():
+        pct = statistics.median(100 * a / p for a, p in zip(r, peaks))
+        ach = statistics.median(r)
+        print(f"| {m} | {args.batch_size} | {v} | {gflop[m]:.4f} | {1e3 * gflop[m] / ach:.2f} | {ach:.1f} | "
+              f"{pct:.0f} % | {compile_s[m, v]:.0f} |")
+    for m in models:
+        base = statistics.median(rates[m, "contiguous"])
+        print(f"{m}: " + ", ".join(f"{v} {statistics.median(rates[m, v]) / base:.2f}x" for v in variants[1:])
+              + " the contiguous step's throughput")
     return 0
 
 

@@ -583,3 +583,23 @@ def test_eval_mode_by_default_and_modes_restored():
     assert torch.allclose(a.vector(), b.vector(), atol=EXACT, rtol=0)     # deterministic: dropout off
     ref = dense_fisher(model.eval(), x, y, "ce", "true")
     assert torch.allclose(a.vector(), ref.diagonal(), atol=EXACT, rtol=0)
+
+
+@pytest.mark.parametrize("fisher", ["true", "empirical"])
+def test_diag_column_groups_do_not_change_bits(fisher, monkeypatch):
+    """DiagHooks squares conv per-sample gradients of several columns in one product; one column per group
+    (group_values=1, the old per-column products) gives the same values to rounding (the BLAS may pick
+    another kernel for another row count), and both equal the dense per-sample oracle."""
+    import functools
+
+    import fedbench.curvature.compute as compute
+    from fedbench.curvature.engine import DiagHooks
+
+    model = cnn()
+    x, y = data((2, 6, 6))
+    grouped = compute_curvature(model, x, y, structure="diag", fisher=fisher, batch_size=5).vector()
+    monkeypatch.setattr(compute, "DiagHooks", functools.partial(DiagHooks, group_values=1))
+    single = compute_curvature(model, x, y, structure="diag", fisher=fisher, batch_size=5).vector()
+    assert torch.allclose(grouped, single, rtol=1e-13, atol=0)
+    ref = dense_fisher(model, x, y, "ce", fisher).diagonal()
+    assert torch.allclose(grouped, ref, atol=EXACT, rtol=0)

@@ -175,3 +175,31 @@ def test_real_augment_pixels_and_backends_agree():
     g = torch.Generator().manual_seed(0)
     x = aug(torch.ones(64, 1, 8, 8), g)
     assert x.min() == 0.0  # padding pixels are black before Normalize, like torchvision's RandomCrop
+
+
+@pytest.mark.parametrize("opt", [
+    dict(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-3, batch_size=8, epochs=3),
+    dict(optimizer="adam", lr=0.01, batch_size=8, epochs=2, clip_grad_norm=0.5),
+])
+def test_channels_last_serial_matches_contiguous(opt):
+    """hardware.memory_format=channels_last changes only the convolution kernels: same steps, same losses
+    and weights to float rounding (the serial/batched tolerance), returned in the standard layout."""
+    torch.manual_seed(0)
+    model = TinyCNN()
+    cfg = LocalTrainConfig(**opt)
+    kw = dict(seed=3, round_idx=1, backend="serial")
+    ref = train_clients(model, _data(), _clients(), _start(model), cfg, **kw)
+    nhwc = train_clients(model, _data(), _clients(), _start(model), cfg, memory_format="channels_last", **kw)
+    assert nhwc.steps == ref.steps
+    assert nhwc.mean_loss == pytest.approx(ref.mean_loss, rel=1e-5)
+    for pr, pc in zip(ref.params, nhwc.params):
+        for n in pr:
+            assert pc[n].is_contiguous()
+            torch.testing.assert_close(pc[n], pr[n], rtol=1e-4, atol=1e-5)
+    assert all(p.is_contiguous() for p in model.parameters())   # the caller's model is untouched
+
+
+def test_bad_memory_format():
+    model = TinyCNN()
+    with pytest.raises(FedbenchError, match="memory format"):
+        train_clients(model, _data(), _clients(), _start(model), LocalTrainConfig(), memory_format="nhwc")

@@ -217,3 +217,9 @@ def test_every_preset_validates():
     assert len(presets) > 40
     for exp in presets:   # fedfisher/table3's checkpoint is made by scripts/pretrain_tiny_imagenet.py
         _check([f"experiment={exp}"], need_checkpoint=False)
+
+
+def test_hardware_memory_format_choices():
+    _check(["hardware=cpu", "hardware.memory_format=channels_last"])
+    with pytest.raises(FedbenchError, match="hardware.memory_format"):
+        _check(["hardware.memory_format=nhwc"])

@@ -73,7 +73,7 @@ class Centralized(Algorithm):
         bar = None if progress is None else _ScaledProgress(progress, s.num_clients)
         return train_clients(s.model, s.train, [self.pooled], state["params"], s.local, objective=LocalObjective(),
                              seed=seed, round_idx=round_idx, client_ids=[POOLED_CLIENT], backend=s.backend,
-                             conv_strategy=s.conv_strategy, progress=bar)
+                             conv_strategy=s.conv_strategy, memory_format=s.memory_format, progress=bar)
 
     def client_message(self, client_id, params, result, pos, state, round_idx):
         info = {"params": params, "steps": result.steps[pos], "train_loss": result.mean_loss[pos]}

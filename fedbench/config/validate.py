@@ -21,6 +21,7 @@ SERVER_VAL_MODES = ("sampled_with_replacement_from_train", "holdout")
 SERVER_UNLABELED_MODES = ("holdout", "sampled_from_train")
 BACKENDS = ("auto", "serial", "batched")
 CONV_STRATEGIES = ("auto", "grouped", "unfold", "loop")
+MEMORY_FORMATS = ("contiguous", "channels_last")   # fedbench.train.engine.MEMORY_FORMATS
 DEVICE_SYNTAX = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 # keys whose value may legitimately change type: checked by their own rule (below or in the runner)
 POLYMORPHIC = {"dataset": ("normalize",), "model": ("pretrained",)}
@@ -177,7 +178,8 @@ def check_server_data(section: str, node: Mapping, modes) -> None:
 
 
 def check_hardware(hw: Mapping) -> None:
-    _known("hardware", hw, ("device", "backend", "conv_strategy", "num_threads", "jobs"))
+    _known("hardware", hw, ("device", "backend", "conv_strategy", "memory_format", "num_threads", "jobs"))
+    _choice("hardware.memory_format", hw.get("memory_format", "contiguous"), MEMORY_FORMATS)
     device = hw.get("device", "auto")
     if not isinstance(device, str) or not DEVICE_SYNTAX.match(device):
         _fail("hardware.device", device, "auto, cpu, cuda or cuda:N (N = 0, 1, ...)")

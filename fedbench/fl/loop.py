@@ -34,6 +34,7 @@ class FLSetup:
     task: str = "classification"
     backend: str = "serial"
     conv_strategy: Any = "auto"
+    memory_format: str = "contiguous"     # serial backend: contiguous | channels_last (hardware.memory_format)
     eval_batch_size: int = 2048
     ece_bins: int = 15
     local_accuracy: bool = False          # also evaluate each client model before aggregation (FOLA's LA)
@@ -157,7 +158,8 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
                              setup.local, objective=algo.local_objective(state, ids, r),
                              seed=setup.seed if m == 0 else member_seed(setup.seed, m),
                              round_idx=r, client_ids=ids, backend=setup.backend,
-                             conv_strategy=setup.conv_strategy, progress=bar)
+                             conv_strategy=setup.conv_strategy, memory_format=setup.memory_format,
+                             progress=bar)
 
     stage_key = algo.client_stage_key(r)
     cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
