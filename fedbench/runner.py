@@ -207,6 +207,10 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
     data = load_dataset(dcfg["name"], _abs(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
     if data.approximate:
         print(f"fedbench: WARNING: {data.approximate}", file=sys.stderr)
+    tuning_val = _tuning_val(cfg)
+    if tuning_val:   # a tuning selection run: evaluated on a hold-out of the training data, never the test set
+        from fedbench.data.tuning_split import hold_out_validation
+        data = hold_out_validation(data, tuning_val["fraction"], tuning_val["seed"])
     pparams = {k: v for k, v in pcfg.items() if k != "name"}
     sval = ServerValConfig.from_cfg(OmegaConf.to_container(cfg.server_val, resolve=True)
                                     if cfg.get("server_val") is not None else None)
@@ -257,6 +261,8 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
         stage_parts["pretrained_sha256"] = pretrained["sha256"]
     if sval.mode == "holdout" and sval.size > 0:   # a hold-out changes the clients' data
         stage_parts["server_val_holdout"] = {"size": sval.size, "seed": sval.seed}
+    if tuning_val:   # the clients train on less data
+        stage_parts["tuning_val"] = tuning_val
     if unl_holdout:
         stage_parts["server_unlabeled_holdout"] = {"size": sunl.size, "seed": sunl.seed if sunl.seed is not None else seed}
     server_val = None
@@ -327,6 +333,7 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
             "identity": identity_config(cfg),
             "partition": {"name": pcfg["name"], "client_sizes": sizes, "client_label_counts": counts},
             "model": {"name": mcfg["name"], "num_parameters": count_parameters(model), "pretrained": pretrained},
+            "evaluated_on": "tuning_val (held-out training data)" if tuning_val else "test",
             "metrics": {k: v for k, v in final.items() if k not in _NON_METRICS},
             "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
                                  thresholds=list(cfg.eval.get("thresholds") or [])),
@@ -365,6 +372,14 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
     print(f"fedbench: {acfg['name']} on {dcfg['name']}{approx} ({cfg.num_clients} clients, {pcfg['name']}, "
           f"{len(history)} round(s)): {summary} | {record['timing']['total_s']:.1f}s | {rec_path}")
     return record
+
+
+def _tuning_val(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """``tuning_val`` when switched on (fraction > 0), else None."""
+    tv = cfg.get("tuning_val")
+    if tv is None or not tv.get("fraction"):
+        return None
+    return {"fraction": float(tv.fraction), "seed": int(tv.seed)}
 
 
 def _save_model(out: Path, params, clients, mcfg: Dict[str, Any], data, run_id: str) -> Dict[str, str]:

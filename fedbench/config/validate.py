@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedbench.config import CONF_DIR
 from fedbench.config.profiles import table_profile
+from fedbench.config.tuning import check_switch as check_tuning_switch
 from fedbench.errors import FedbenchError
 
 OPTIMIZERS = ("sgd", "adam")
@@ -109,6 +110,7 @@ def validate_config(cfg: DictConfig, conf_dir: Path = CONF_DIR, launch_dir: Opti
         check_checkpoint_path(_absolute(ckpt, launch_dir) if isinstance(ckpt, str) else ckpt)
     check_aggregators(c.get("aggregators"), conf_dir, allow_missing)
     table_profile(c.get("table"), c.get("profile"))
+    check_tuning_switch(c)
 
 
 def _choices(cfg: DictConfig) -> dict:
