@@ -39,12 +39,20 @@ def test_fedlap_uci_grids_expand_to_the_papers_66_selection_runs():
 
 
 def test_fola_table2_tunes_each_methods_local_epochs_over_20_rounds():
+    from omegaconf import OmegaConf
+
+    from fedbench.config.compose import compose_config
+    from fedbench.config.tuning import method_grids
     from fedbench.launch.tuning import selection_config, tuning_tasks
 
-    spec, tasks = tuning_tasks(["experiment=fola/table2", "profile=paper", "seed=1", "tuning=on"])
-    assert sorted(t.method for t in tasks) == sorted(["fola", "fedavg", "fedcurv", "fednova", "scaffold", "fedbe"])
-    assert all(t.grid == {"local.epochs": [1, 10, 20, 40, 80, 160]} for t in tasks)
-    sel = selection_config(tasks[0], spec, {"local.epochs": 80})
+    cfg = compose_config(["experiment=fola/table2"])
+    spec = parse_tuning(OmegaConf.to_container(cfg.table, resolve=True))
+    grids = method_grids(spec, OmegaConf.to_container(cfg, resolve=True))
+    assert grids == {m: {"local.epochs": [1, 10, 20, 40, 80, 160]}
+                     for m in ("fola", "fedavg", "fedcurv", "fednova", "scaffold", "fedbe")}
+    _, (task,) = tuning_tasks(["experiment=fola/table2", "profile=paper", "seed=1", "local.epochs=1", "tuning=on"])
+    sel = selection_config(task, spec, {"local.epochs": 80})
+    assert task.method == "scaffold" and task.fixed.rounds == 100 and task.fixed.seed == 1
     assert (sel.rounds, sel.seed, sel.local.epochs, spec.at_round) == (20, 0, 80, 20)
 
 
