@@ -168,6 +168,12 @@ def test_run_py_refuses_tuning_on_and_reproduce_prints_one_error_line(capsys):
     assert mod.main(["experiment=fedlap/table2", "tuning=on"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedbench: error: tuning=on needs a preset with a table.tuning block")
+    spec = importlib.util.spec_from_file_location("submit", Path(__file__).resolve().parents[1] / "scripts" / "submit.py")
+    sub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sub)
+    assert sub.main(["experiment=fedlap/table1", "tuning=on"]) == 2
+    assert capsys.readouterr().err.strip() == ("fedbench: error: tuning=on is run by scripts/reproduce.py (selection runs, "
+                                               "then the final runs); submit does not support it yet")
 
 
 def test_tuning_keys_leave_run_ids_unchanged():
