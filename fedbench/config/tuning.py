@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from fedbench.errors import FedbenchError
@@ -192,6 +192,3 @@ def better(a: Mapping[str, Optional[float]], b: Optional[Mapping[str, Optional[f
         return False
     return b is None or _rank(a, metric) > _rank(b, metric)
 
-
-def spec_dict(spec: TuningSpec) -> Dict[str, Any]:
-    return asdict(spec)
