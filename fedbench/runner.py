@@ -31,7 +31,8 @@ from fedbench.results.records import (compute_run_id, identity_config, is_comple
                                       write_csv_atomic, write_json_atomic, write_torch_atomic)
 from fedbench.results.schema import HISTORY_COLUMNS, RoundLog, final_metrics, totals
 from fedbench.results.summaries import summarize
-from fedbench.run.setup import RunSetup, build_setup, config_group, resolve_backend, resolve_device
+from fedbench.run.setup import (RunSetup, build_setup, config_group, resolve_backend, resolve_device,
+                                 tuning_val_config)
 
 
 
@@ -185,6 +186,7 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
         "partition": {"name": pcfg["name"], "client_sizes": run.client_sizes,
                       "client_label_counts": run.client_label_counts()},
         "model": {"name": mcfg["name"], "num_parameters": count_parameters(run.fl.model), "pretrained": run.pretrained},
+        "evaluated_on": "tuning_val (held-out training data)" if tuning_val_config(cfg) else "test",
         "metrics": final_metrics(history),
         "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
                              thresholds=list(cfg.eval.get("thresholds") or [])),

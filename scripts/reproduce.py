@@ -57,7 +57,13 @@ def main(argv=None) -> int:
                 print(f"{'table' if str(p).endswith('.md') else 'figure'} written: {p}")
             return 0
         meta = preset_meta(args.overrides)   # bad table / figure declarations fail before any training
-        if not args.collect_only:
+        from fedbench.config.tuning import tuning_on
+        if tuning_on(args.overrides) and not args.collect_only:   # grids on a validation split, then final runs
+            from fedbench.launch.tuning import run_tuning
+            t0 = time.time()
+            run_tuning(args.overrides, os.getcwd())
+            print(f"tuning finished in {time.time() - t0:.0f} s")
+        elif not args.collect_only:
             missing = missing_methods(args.overrides)
             if missing and not args.allow_missing:
                 why = f"; {meta['missing']}" if meta.get("missing") else ""

@@ -49,6 +49,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         validate_cluster(args.cluster)
+        from fedbench.config.tuning import tuning_on
+        if tuning_on(args.overrides):   # selection decides which final runs exist: not one job array
+            raise FedbenchError("tuning=on is run by scripts/reproduce.py (selection runs, then the final runs); "
+                                "submit does not support it yet")
         if args.dry_run:
             from fedbench.launch.sweep import plan
 

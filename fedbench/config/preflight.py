@@ -102,6 +102,9 @@ def check_run(overrides: List[str], cli_keys, conf_dir: Path) -> List[str]:
         if extra:
             cfg = compose_config(overrides + extra, conf_dir, with_hydra=True)
     validate_config(cfg, conf_dir)
+    if cfg.get("tuning") == "on":   # a grid of selection runs, then final runs: more than one run.py job
+        raise FedbenchError("tuning=on runs the preset's grids and final runs: use scripts/reproduce.py "
+                            "experiment=<paper>/<table> tuning=on (run.py makes single runs)")
     return extra
 
 

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedbench.config import CONF_DIR
 from fedbench.config.paths import absolute_path
 from fedbench.config.profiles import table_profile
+from fedbench.config.tuning import check_switch as check_tuning_switch
 from fedbench.errors import FedbenchError
 
 OPTIMIZERS = ("sgd", "adam")
@@ -111,6 +112,7 @@ def validate_config(cfg: DictConfig, conf_dir: Path = CONF_DIR, launch_dir: Opti
         check_checkpoint_path(absolute_path(ckpt, launch_dir) if isinstance(ckpt, str) else ckpt)
     check_aggregators(c.get("aggregators"), conf_dir, allow_missing)
     table_profile(c.get("table"), c.get("profile"))
+    check_tuning_switch(c)
 
 
 def _choices(cfg: DictConfig) -> dict:

@@ -15,12 +15,13 @@ from fedbench.numerics import is_current
 
 # Keys that say where/how a run executes, not what it computes: excluded from run_id.
 NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table",
-                     "save_model")
+                     "save_model", "tuning")   # tuning=on only picks which runs to make (the final run is a plain one)
 
 
 # Optional blocks that enter the identity only when switched on (size > 0), so that adding such a feature
 # leaves the run ids of every existing record unchanged.
 OFF_WHEN_EMPTY = ("server_unlabeled",)
+OFF_WHEN_ZERO_FRACTION = ("tuning_val",)   # a tuning selection run's hold-out (fraction > 0)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
@@ -32,6 +33,9 @@ def identity_config(cfg: Any) -> Dict[str, Any]:
         out = {k: v for k, v in dict(cfg).items() if k not in NON_IDENTITY_KEYS}
     for k in OFF_WHEN_EMPTY:
         if isinstance(out.get(k), Mapping) and not out[k].get("size"):
+            del out[k]
+    for k in OFF_WHEN_ZERO_FRACTION:
+        if isinstance(out.get(k), Mapping) and not out[k].get("fraction"):
             del out[k]
     return out
 

@@ -28,9 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
 from fedbench.config.specs import figure_spec
+from fedbench.config.tuning import tuning_on
 from fedbench.results.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import atomic_write_bytes, compute_run_id, load_record, publish_record, read_history
 from fedbench.results.summaries import last_k, parse_source, record_value
+from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.results.reference import load_reference
@@ -204,9 +206,10 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             specs = column_specs(meta)   # a bad declaration fails before any record is read
         subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
         for sub in subs:
+            sub, chosen = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
             c = OmegaConf.to_container(sub, resolve=True)
             rid = compute_run_id(sub)
-            rec = load_record(output_root, rid)
+            rec = load_record(output_root, rid) if chosen != "not tuned yet" else {}
             status = rec.get("status", "missing")
             if status == "ok" and not is_current(rec):   # made by older numerics: never mixed into a cell
                 status = "stale"
@@ -216,7 +219,8 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                         "algorithm": c["algorithm"]["name"], "_algo": c["algorithm"],
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
                         "status": status,
-                        "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir")})
+                        "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir"),
+                        "tuning_chosen": chosen})
             # raw costs (seconds, bytes per run) beside every row: the seed-level CSV, `collect --metric timing.server_s`
             for section in ("timing", "communication"):
                 row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
@@ -250,6 +254,38 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
     df = pd.DataFrame(split_conflated_methods(rows, row_keys))
     df.attrs["table"] = meta or {}
     return df
+
+
+def tuned_run(sub, cfg, output_root: Path):
+    """(run config, its chosen values as text) for a table: ``sub`` and None unless ``tuning=on``; then the final run
+    of the selection (fedbench/launch/tuning.py) and e.g. "local.epochs=10, hp.delta=1.0" ("fixed picks" for a method
+    without a grid, "not tuned yet" before its selection)."""
+    if cfg.get("tuning") != "on" or sub.algorithm.get("_missing"):
+        return sub, None
+    final, sel = tuned_config(sub, cfg, output_root)
+    if final is None:
+        return sub, "not tuned yet"
+    return final, ", ".join(f"{k}={v}" for k, v in sel["chosen"].items()) if sel else "fixed picks"
+
+
+def tuning_footnote(df: pd.DataFrame) -> List[str]:
+    """Markdown lines under a ``tuning=on`` table: the chosen values per cell and method (per seed if they differ)."""
+    if "tuning_chosen" not in df or df["tuning_chosen"].isna().all():
+        return []
+    meta = df.attrs.get("table") or {}
+    keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds" and k in df]
+    spec = (meta.get("tuning") or {})
+    lines = ["", f"**Tuned** (`tuning=on`): per method, the grid point with the best validation {spec.get('metric', 'accuracy')} "
+             f"at round {spec.get('at_round') or 'last'} on a {spec.get('val_fraction', 0.2)} hold-out of the training data "
+             f"(seed {spec.get('val_seed', 0)}; the test set is never used to choose); the final runs train on all "
+             "training data. Chosen values:", ""]
+    seen = df.drop_duplicates(subset=keys + ["method", "seed"])
+    cells = seen[keys].astype(str).agg(", ".join, axis=1) if keys else pd.Series("", index=seen.index)
+    for (cell, method), g in seen.groupby([cells, "method"], sort=False):
+        per_seed = "; ".join(f"seed {s}: {v}" for s, v in zip(g["seed"], g["tuning_chosen"]))
+        values = set(g["tuning_chosen"])
+        lines.append(f"- {cell} — {method}: " + (values.pop() if len(values) == 1 else per_seed))
+    return lines
 
 
 def split_conflated_methods(rows: List[Dict[str, Any]], keys: Sequence[str]) -> List[Dict[str, Any]]:
@@ -562,6 +598,7 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     (results/records) and the collection is listed in ``<tables_dir>/../collections.yaml``, so that ``make tables``
     regenerates every committed table from a fresh clone."""
     check_table_suffix(suffix)
+    suffix = suffix or ("tuned" if tuning_on(overrides) else None)   # never overwrites the fixed-pick table
     df = table_runs(overrides, output_root)
     if df.empty and any(o.startswith("experiment=") for o in overrides):
         raise FedbenchError(_EMPTY)
@@ -579,7 +616,8 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     df.drop(columns=["record_dir"]).to_csv(tables_dir / f"{name}_runs.csv", index=False)
     summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
     out = tables_dir / f"{name}.md"
-    out.write_text(to_markdown(summary, meta, profile, metric=metric))
+    foot = tuning_footnote(df)
+    out.write_text(to_markdown(summary, meta, profile, metric=metric) + ("\n".join(foot) + "\n" if foot else ""))
     return out
 
 

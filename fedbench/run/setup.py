@@ -16,6 +16,7 @@ from fedbench import numerics
 from fedbench.config.paths import absolute_path
 from fedbench.data import load_dataset
 from fedbench.data.transforms import Augment
+from fedbench.data.tuning_split import hold_out_validation
 from fedbench.errors import FedbenchError
 from fedbench.fl.cache import ClientStageCache
 from fedbench.fl.loop import FLSetup
@@ -182,10 +183,21 @@ def client_stage_parts(cfg: DictConfig, groups: Dict[str, Dict[str, Any]], seed:
         parts["pretrained_sha256"] = pretrained["sha256"]
     if server.val.mode == "holdout" and server.val.size > 0:   # a hold-out changes the clients' data
         parts["server_val_holdout"] = {"size": server.val.size, "seed": server.val.seed}
+    tuning_val = tuning_val_config(cfg)
+    if tuning_val:   # the clients train on less data
+        parts["tuning_val"] = tuning_val
     if server.unlabeled_holdout:
         sunl = server.unlabeled
         parts["server_unlabeled_holdout"] = {"size": sunl.size, "seed": sunl.seed if sunl.seed is not None else seed}
     return parts
+
+
+def tuning_val_config(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """``tuning_val`` when switched on (fraction > 0: a tuning selection run), else None."""
+    tv = cfg.get("tuning_val")
+    if tv is None or not tv.get("fraction"):
+        return None
+    return {"fraction": float(tv.fraction), "seed": int(tv.seed)}
 
 
 def _indices(idx, device: torch.device) -> Tensor:
@@ -209,6 +221,9 @@ def build_setup(cfg: DictConfig, launch_dir: Optional[str] = None,
     data = load_dataset(dcfg["name"], absolute_path(cfg.paths.data_root, launch_dir), **(dcfg.get("kwargs") or {}))
     if data.approximate:
         print(f"fedbench: WARNING: {data.approximate}", file=sys.stderr)
+    tuning_val = tuning_val_config(cfg)
+    if tuning_val:   # a tuning selection run: evaluated on a hold-out of the training data, never the test set
+        data = hold_out_validation(data, tuning_val["fraction"], tuning_val["seed"])
     server = draw_server_sets(cfg, len(data.train_y), seed)
     parts = split_clients(groups["partition"], data, int(cfg.num_clients), seed, server.keep)
     sizes = [int(len(p)) for p in parts]

@@ -1,0 +1,178 @@
+"""``tuning=on``: run a preset's tuning protocol (fedbench/config/tuning.py) instead of its fixed picks.
+
+For every run of the preset's sweep (a cell: data set, split, seed, ...) and every method in it:
+1. one selection run per grid point, with ``tuning_val.fraction`` set: it trains on the training data minus a seeded
+   hold-out and is evaluated on that hold-out (the test set is dropped from its data, fedbench/data/tuning_split.py);
+2. the best point by the protocol's metric at its round;
+3. the final run with the chosen values on the full training data, evaluated on the test set: an ordinary run
+   (its run_id is that of a fixed-pick run with the same values), whose record gets a ``tuning`` section.
+The choice is also kept in ``<output_root>/tuning/<selection key>.json`` for the table (``tuned_config``).
+Runs with an ok record are skipped, so an interrupted tuning resumes where it stopped.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedbench.config import CONF_DIR
+from fedbench.config.compose import compose_config
+from fedbench.config.profiles import quote_value
+from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grids, parse_tuning, selection_key)
+from fedbench.config.aggregators import expand_aggregators
+from fedbench.errors import FedbenchError
+from fedbench.launch.sweep import expand_sweep
+from fedbench.results.records import (compute_run_id, find_record_dir, read_record, write_json_atomic)
+from fedbench.runner import execute
+
+
+@dataclass
+class Task:
+    """One (cell, method) to tune: the cell's overrides, the method's position in its aggregator list, its grid."""
+    overrides: List[str]
+    index: int
+    method: str
+    fixed: DictConfig            # the preset's fixed-pick run of this method
+    grid: Dict[str, list]        # {} = no grid: the fixed picks stay
+
+
+def with_overrides(overrides: Sequence[str], values: Dict[str, Any]) -> List[str]:
+    """``overrides`` with each key of ``values`` replaced (or added)."""
+    keys = set(values)
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in keys]
+    return kept + [f"{k}={quote_value(v)}" for k, v in values.items()]
+
+
+def method_runs(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[DictConfig]:
+    """The run configs of one cell: one per aggregator of its list (or the cell itself), with tuning switched off."""
+    cfg = compose_config(overrides, conf_dir)
+    subs = expand_aggregators(cfg, conf_dir) if cfg.get("aggregators") else [cfg]
+    for s in subs:
+        s.tuning = "off"   # not part of the run id; a run itself never tunes
+    return subs
+
+
+def tuning_tasks(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> Tuple[TuningSpec, List[Task]]:
+    """The preset's spec and its (cell, method) tasks; the config of every selection run is composed (and so
+    checked) here, before anything trains."""
+    spec, tasks = None, []
+    for ovs in expand_sweep(overrides, conf_dir):
+        cfg = compose_config(ovs, conf_dir)
+        spec = spec or parse_tuning(OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else None)
+        grids = method_grids(spec, OmegaConf.to_container(cfg, resolve=True))
+        for i, sub in enumerate(method_runs(ovs, conf_dir)):
+            grid = grids.get(str(sub.algorithm.name), {})
+            tasks.append(Task(list(ovs), i, str(sub.algorithm.name), sub, grid))
+            for point in grid_points(grid)[:1] if grid else []:   # a bad grid key fails here, not mid-way
+                selection_config(tasks[-1], spec, point, conf_dir)
+    if spec is None:
+        raise FedbenchError("tuning=on: the overrides select no run of the preset")
+    return spec, tasks
+
+
+def selection_config(task: Task, spec: TuningSpec, point: Dict[str, Any], conf_dir: Path = CONF_DIR) -> DictConfig:
+    """The selection run of one grid point: the point, the protocol's ``select`` overrides and the hold-out."""
+    ovs = with_overrides(task.overrides, {**point, **spec.select, "tuning_val.fraction": spec.val_fraction,
+                                          "tuning_val.seed": spec.val_seed})
+    return method_runs(ovs, conf_dir)[task.index]
+
+
+def final_config(task: Task, chosen: Dict[str, Any], conf_dir: Path = CONF_DIR) -> DictConfig:
+    return method_runs(with_overrides(task.overrides, chosen), conf_dir)[task.index]
+
+
+def scores_at(run_dir: Path, at_round: Optional[int]) -> Dict[str, Optional[float]]:
+    """{accuracy, nll} of a run's history at ``at_round`` (None = its last row); None where the round is missing."""
+    try:
+        with open(run_dir / "history.csv") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        rows = []
+    row = rows[-1] if rows and at_round is None else next((r for r in rows if int(r["round"]) == at_round), None)
+
+    def num(key):
+        v = (row or {}).get(key)
+        return float(v) if v not in (None, "") else None
+    return {"accuracy": num("accuracy"), "nll": num("nll")}
+
+
+def _run(cfg: DictConfig, output_root: Path, launch_dir: str) -> Optional[Path]:
+    """Execute one run (skipped when its ok record exists); the folder of its record, or None if it failed."""
+    rid = compute_run_id(cfg)
+    try:
+        execute(cfg, output_root / "runs" / rid, launch_dir=launch_dir)
+    except Exception as e:   # one failed grid point does not stop the tuning
+        print(f"fedbench: error: tuning run {rid} ({cfg.algorithm.name}): {e}", file=sys.stderr)
+    return find_record_dir(output_root, rid)
+
+
+def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
+              conf_dir: Path = CONF_DIR) -> Optional[Dict[str, Any]]:
+    """Select, then run the final run; returns the selection (also written to its file and the final record)."""
+    if not task.grid:   # no grid for this method: its fixed picks are its final run
+        _run(task.fixed, output_root, launch_dir)
+        return None
+    trials, best = [], None
+    for point in grid_points(task.grid):
+        cfg = selection_config(task, spec, point, conf_dir)
+        d = _run(cfg, output_root, launch_dir)
+        sc = scores_at(d, spec.at_round) if d else {"accuracy": None, "nll": None}
+        trials.append({"values": point, "run_id": compute_run_id(cfg), **sc})
+        if better(sc, best, spec.metric):
+            best = {"values": point, **sc}
+    if best is None:
+        print(f"fedbench: error: tuning {task.method}: no selection run gave a {spec.metric}; no final run",
+              file=sys.stderr)
+        return None
+    final = final_config(task, best["values"], conf_dir)
+    selection = {"method": task.method, "protocol": spec.protocol(), "grid": task.grid, "chosen": best["values"],
+                 "val_metric": trials, "fixed_run_id": compute_run_id(task.fixed), "final_run_id": compute_run_id(final),
+                 "final_config": OmegaConf.to_container(final, resolve=True)}
+    write_json_atomic(selection_path(output_root, task.fixed, spec, task.grid), selection)
+    d = _run(final, output_root, launch_dir)
+    if d is not None:   # the chosen values reach the final run's record
+        rec = read_record(d / "metrics.json")
+        rec["tuning"] = {k: v for k, v in selection.items() if k != "final_config"}
+        write_json_atomic(d / "metrics.json", rec)
+    return selection
+
+
+def selection_path(output_root: Path, fixed: DictConfig, spec: TuningSpec, grid: Dict[str, list]) -> Path:
+    return Path(output_root) / "tuning" / f"{selection_key(compute_run_id(fixed), spec, grid)}.json"
+
+
+def run_tuning(overrides: Sequence[str], launch_dir: str, conf_dir: Path = CONF_DIR) -> List[Dict[str, Any]]:
+    """``scripts/reproduce.py ... tuning=on``: tune every (cell, method) of the preset; returns the selections."""
+    spec, tasks = tuning_tasks(overrides, conf_dir)
+    root = Path(str(tasks[0].fixed.paths.output_root)) if tasks else Path("outputs")
+    root = root if root.is_absolute() else Path(launch_dir) / root
+    n_sel = sum(len(grid_points(t.grid)) for t in tasks if t.grid)
+    print(f"tuning: {len(tasks)} (cell, method) task(s), {n_sel} selection run(s) on a {spec.val_fraction:g} "
+          f"hold-out of the training data (seed {spec.val_seed}), {spec.metric} at round "
+          f"{spec.at_round or 'last'}; then one final run each")
+    out = []
+    for t in tasks:
+        sel = tune_task(t, spec, root, launch_dir, conf_dir)
+        if sel:
+            print(f"tuning: {t.method} seed {t.fixed.seed}: chosen {sel['chosen']}")
+            out.append(sel)
+    return out
+
+
+def tuned_config(sub: DictConfig, cfg: DictConfig, output_root: Path) -> Tuple[Optional[DictConfig], Optional[Dict]]:
+    """For a table with ``tuning=on``: the final run config of a fixed-pick run ``sub`` of cell ``cfg`` and its
+    selection; ``sub`` itself when its method has no grid; (None, None) when it is not tuned yet."""
+    spec = parse_tuning(OmegaConf.to_container(cfg.table, resolve=True))
+    grid = method_grids(spec, OmegaConf.to_container(cfg, resolve=True)).get(str(sub.algorithm.name))
+    if not grid:
+        return sub, None
+    fixed = sub.copy()
+    fixed.tuning = "off"
+    sel = read_record(selection_path(output_root, fixed, spec, grid))
+    if not sel:
+        return None, None
+    return OmegaConf.create(sel["final_config"]), sel

@@ -1,0 +1,192 @@
+"""tuning=on: grids per method, chosen on a hold-out of the training data, final runs on all of it."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from fedbench.config.tuning import better, grid_points, parse_tuning
+from fedbench.errors import FedbenchError
+
+# a tiny preset of its own: softmax regression on 300 synthetic points, 2 clients, 2 rounds; lr is the tuned knob
+TABLE = ("table={paper:t,id:tune,title:x,rows:[dataset],profiles:{paper:{}},"
+         "tuning:{val_fraction:0.25,val_seed:1,metric:accuracy,grids:[{methods:{fedavg:{local.lr:[1.0e-7,0.05]}}}]}}")
+TINY = ["dataset=synthetic", "dataset.kwargs.like=mnist", "dataset.kwargs.train_size=300",
+        "dataset.kwargs.test_size=100", "model=softmax_regression", "partition=homo", "num_clients=2", "rounds=2",
+        "local.epochs=1", "local.batch_size=32", "local.momentum=0.0", "hardware=cpu", "progress=false", TABLE]
+
+
+def test_grid_points_are_the_product_in_declaration_order():
+    assert grid_points({"a": [1, 2], "b": ["x", "y", "z"]}) == [
+        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"},
+        {"a": 2, "b": "x"}, {"a": 2, "b": "y"}, {"a": 2, "b": "z"}]
+
+
+def test_fedlap_uci_grids_expand_to_the_papers_66_selection_runs():
+    from fedbench.launch.tuning import selection_config, tuning_tasks
+
+    spec, tasks = tuning_tasks(["experiment=fedlap/table1", "dataset=uci_credit", "profile=quick", "tuning=on"])
+    sizes = {t.method: len(grid_points(t.grid)) for t in tasks}
+    assert sizes == {"fedavg": 3, "fedprox": 9, "feddyn": 27, "fedlap": 9, "fedlap_cov": 9, "fedlap_func": 9}
+    lap = next(t for t in tasks if t.method == "fedlap")
+    sel = selection_config(lap, spec, {"local.epochs": 20, "hp.delta": 10.0})
+    assert sel.algorithm.name == "fedlap" and sel.algorithm.delta == 10.0 and sel.local.epochs == 20
+    assert sel.tuning_val.fraction == 0.2 and sel.tuning_val.seed == 0 and sel.seed == 0 and sel.tuning == "off"
+    dyn = next(t for t in tasks if t.method == "feddyn")
+    d = selection_config(dyn, spec, {"local.epochs": 5, "hp.dyn_alpha": 1e-3, "hp.dyn_wd": 1e-6})
+    assert (d.algorithm.alpha, d.algorithm.weight_decay, d.local.epochs) == (1e-3, 1e-6, 5)
+
+
+def test_fola_table2_tunes_each_methods_local_epochs_over_20_rounds():
+    from omegaconf import OmegaConf
+
+    from fedbench.config.compose import compose_config
+    from fedbench.config.tuning import method_grids
+    from fedbench.launch.tuning import selection_config, tuning_tasks
+
+    cfg = compose_config(["experiment=fola/table2"])
+    spec = parse_tuning(OmegaConf.to_container(cfg.table, resolve=True))
+    grids = method_grids(spec, OmegaConf.to_container(cfg, resolve=True))
+    assert grids == {m: {"local.epochs": [1, 10, 20, 40, 80, 160]}
+                     for m in ("fola", "fedavg", "fedcurv", "fednova", "scaffold", "fedbe")}
+    _, (task,) = tuning_tasks(["experiment=fola/table2", "profile=paper", "seed=1", "local.epochs=1", "tuning=on"])
+    sel = selection_config(task, spec, {"local.epochs": 80})
+    assert task.method == "scaffold" and task.fixed.rounds == 100 and task.fixed.seed == 1
+    assert (sel.rounds, sel.seed, sel.local.epochs, spec.at_round) == (20, 0, 80, 20)
+
+
+def test_validation_split_is_seeded_and_disjoint_from_what_selection_trains_on():
+    from fedbench.data.base import FedDataset
+    from fedbench.data.tuning_split import hold_out_validation, validation_indices
+
+    val, keep = validation_indices(100, 0.2, 3)
+    assert len(val) == 20 and len(keep) == 80 and not set(val) & set(keep) and set(val) | set(keep) == set(range(100))
+    assert np.array_equal(val, validation_indices(100, 0.2, 3)[0])
+    assert not np.array_equal(val, validation_indices(100, 0.2, 4)[0])
+    x = torch.arange(100.0).reshape(100, 1)
+    data = FedDataset("d", x, torch.arange(100) % 2, torch.full((10, 1), -1.0), torch.zeros(10, dtype=torch.long),
+                      2, "classification", train_groups=np.arange(100))
+    held = hold_out_validation(data, 0.2, 3)
+    assert held.test_x[:, 0].tolist() == [float(i) for i in val]           # evaluated on the hold-out ...
+    assert held.train_x[:, 0].tolist() == [float(i) for i in keep]         # ... trained on the rest
+    assert (held.test_x >= 0).all() and held.train_groups.tolist() == keep.tolist()   # the test set is gone
+
+
+def test_better_uses_the_other_metric_to_break_ties():
+    assert better({"accuracy": 80.0, "nll": 0.5}, None, "accuracy")
+    assert better({"accuracy": 81.0, "nll": 9.0}, {"accuracy": 80.0, "nll": 0.1}, "accuracy")
+    assert better({"accuracy": 80.0, "nll": 0.4}, {"accuracy": 80.0, "nll": 0.5}, "accuracy")
+    assert not better({"accuracy": 80.0, "nll": 0.5}, {"accuracy": 80.0, "nll": 0.5}, "accuracy")   # grid order
+    assert better({"accuracy": 70.0, "nll": 0.3}, {"accuracy": 90.0, "nll": 0.4}, "nll")
+    assert not better({"accuracy": None, "nll": None}, None, "accuracy")
+
+
+def _poisoned_loader(monkeypatch):
+    """The test set's labels shifted by one class: any use of it in selection would change the scores."""
+    import fedbench.data as data_mod
+
+    real = data_mod.load_dataset
+
+    def load(*a, **k):
+        d = real(*a, **k)
+        return replace(d, test_y=(d.test_y + 1) % d.num_classes)
+    monkeypatch.setattr(data_mod, "load_dataset", load)
+
+
+def _tune(tmp_path, name):
+    from fedbench.launch.tuning import run_tuning
+
+    (sel,) = run_tuning(TINY + [f"paths.output_root={tmp_path / name}", f"paths.data_root={tmp_path / 'data'}",
+                                "tuning=on"], str(tmp_path))
+    final = json.loads((tmp_path / name / "runs" / sel["final_run_id"] / "metrics.json").read_text())
+    return sel, final
+
+
+def test_selection_never_sees_the_test_set_and_the_choice_reaches_the_record(tmp_path, monkeypatch, one_thread):
+    clean, clean_final = _tune(tmp_path, "clean")
+    _poisoned_loader(monkeypatch)
+    poisoned, poisoned_final = _tune(tmp_path, "poisoned")
+    assert clean["val_metric"] == poisoned["val_metric"]            # same selection runs, same scores, bit for bit
+    assert clean["chosen"] == poisoned["chosen"] == {"local.lr": 0.05}
+    assert clean_final["metrics"]["accuracy"] != poisoned_final["metrics"]["accuracy"]   # the poison is real
+    sel_rec = json.loads((tmp_path / "clean" / "runs" / clean["val_metric"][1]["run_id"] / "metrics.json").read_text())
+    assert sel_rec["evaluated_on"].startswith("tuning_val") and sel_rec["config"]["tuning_val"] == {"fraction": 0.25, "seed": 1}
+    assert sum(sel_rec["partition"]["client_sizes"]) == 225                       # trained on train minus val
+    assert clean_final["evaluated_on"] == "test" and sum(clean_final["partition"]["client_sizes"]) == 300
+    assert clean_final["config"]["local"]["lr"] == 0.05
+    t = clean_final["tuning"]
+    assert t["chosen"] == {"local.lr": 0.05} and t["grid"] == {"local.lr": [1e-7, 0.05]}
+    assert [v["values"] for v in t["val_metric"]] == [{"local.lr": 1e-7}, {"local.lr": 0.05}]
+    assert t["val_metric"][1]["accuracy"] > t["val_metric"][0]["accuracy"]
+    assert t["protocol"] == {"val_fraction": 0.25, "val_seed": 1, "metric": "accuracy", "at_round": None, "select": {}}
+
+
+def test_tuned_table_uses_the_final_runs_and_names_the_chosen_values(tmp_path, one_thread):
+    from fedbench.results.tables import collect
+
+    _, final = _tune(tmp_path, "out")
+    ovs = TINY + [f"paths.output_root={tmp_path / 'out'}", "tuning=on"]
+    path = collect(ovs, tmp_path / "out", tmp_path / "tables", publish=False)
+    text = path.read_text()
+    assert path.name == "t_tune_tuned.md"
+    assert f"{final['metrics']['accuracy']:.2f}" in text
+    assert "**Tuned**" in text and "— fedavg: local.lr=0.05" in text
+    fixed = collect(TINY + [f"paths.output_root={tmp_path / 'out'}"], tmp_path / "out", tmp_path / "tables",
+                    publish=False)
+    assert fixed.name == "t_tune.md" and "not run" in fixed.read_text() and "Tuned" not in fixed.read_text()
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["tuning=maybe"], "tuning='maybe' is not allowed: tuning must be one of off, on"),
+    (["experiment=fedlap/table2", "tuning=on"], "tuning=on needs a preset with a table.tuning block; fedlap/table2"),
+    (["experiment=fedlap/table1", "tuning=on", "table.tuning.metric=ece"], "table.tuning: metric must be one of accuracy, nll"),
+    (["experiment=fedlap/table1", "tuning=on", "table.tuning.val_fraction=1.5"], "val_fraction must be a number in (0, 1)"),
+    (["experiment=fedlap/table1", "tuning=on", "table.tuning.grids=[{methods:{fedavg:{local.epochs:[]}}}]"],
+     "grids[0].methods.fedavg.local.epochs must be a non-empty list"),
+    (["experiment=fedlap/table1", "tuning=on", "+table.tuning.budget=3"], "unknown key(s) budget"),
+    (["tuning_val.fraction=1.0"], "tuning_val.fraction=1.0 is not allowed"),
+])
+def test_bad_tuning_input_is_one_line(overrides, needle):
+    from fedbench.config.preflight import check_script_overrides
+
+    with pytest.raises(FedbenchError) as e:
+        check_script_overrides(overrides)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_run_py_refuses_tuning_on_and_reproduce_prints_one_error_line(capsys):
+    from fedbench.config.preflight import preflight
+
+    with pytest.raises(FedbenchError, match="use scripts/reproduce.py"):
+        preflight(["experiment=fedlap/table1", "tuning=on"])
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["experiment=fedlap/table2", "tuning=on"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedbench: error: tuning=on needs a preset with a table.tuning block")
+    spec = importlib.util.spec_from_file_location("submit", Path(__file__).resolve().parents[1] / "scripts" / "submit.py")
+    sub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sub)
+    assert sub.main(["experiment=fedlap/table1", "tuning=on"]) == 2
+    assert capsys.readouterr().err.strip() == ("fedbench: error: tuning=on is run by scripts/reproduce.py (selection runs, "
+                                               "then the final runs); submit does not support it yet")
+
+
+def test_tuning_keys_leave_run_ids_unchanged():
+    from omegaconf import OmegaConf
+
+    from fedbench.results.records import identity_config
+
+    base = {"seed": 0, "tuning": "on", "tuning_val": {"fraction": 0.0, "seed": 0}}
+    assert identity_config(OmegaConf.create(base)) == {"seed": 0}
+    on = identity_config(OmegaConf.create({**base, "tuning_val": {"fraction": 0.2, "seed": 0}}))
+    assert on == {"seed": 0, "tuning_val": {"fraction": 0.2, "seed": 0}}
+
+
+def test_parse_tuning_defaults():
+    spec = parse_tuning({"tuning": {"grids": [{"methods": {"fedavg": {"local.epochs": [1, 2]}}}]}})
+    assert spec.protocol() == {"val_fraction": 0.2, "val_seed": 0, "metric": "accuracy", "at_round": None, "select": {}}
