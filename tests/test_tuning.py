@@ -84,14 +84,14 @@ def test_better_uses_the_other_metric_to_break_ties():
 
 def _poisoned_loader(monkeypatch):
     """The test set's labels shifted by one class: any use of it in selection would change the scores."""
-    import fedbench.data as data_mod
+    import fedbench.run.setup as setup_mod
 
-    real = data_mod.load_dataset
+    real = setup_mod.load_dataset
 
     def load(*a, **k):
         d = real(*a, **k)
         return replace(d, test_y=(d.test_y + 1) % d.num_classes)
-    monkeypatch.setattr(data_mod, "load_dataset", load)
+    monkeypatch.setattr(setup_mod, "load_dataset", load)   # the one place a run loads its data
 
 
 def _tune(tmp_path, name):
