@@ -274,6 +274,8 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
                     local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
                     cache=ClientStageCache(_abs(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
                     stage_parts=stage_parts, server_val=server_val, server_unlabeled=server_unlabeled)
+    if cfg.eval.get("map_reference") is not None:   # FedLap App. D.2: distance to the centralised MAP per round
+        setup.round_metrics = _map_reference_metrics(setup, init_params, float(cfg.eval.map_reference))
     algo = build_algorithm(acfg, setup)
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = make_logger(config.get("logger") or {"name": "none"}, run_id, config, out)
@@ -328,8 +330,8 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
             "partition": {"name": pcfg["name"], "client_sizes": sizes, "client_label_counts": counts},
             "model": {"name": mcfg["name"], "num_parameters": count_parameters(model), "pretrained": pretrained},
             "metrics": {k: v for k, v in final.items() if k not in _NON_METRICS},
-            "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
-                                 thresholds=list(cfg.eval.get("thresholds") or [])),
+            "summary": {**summarize(history, last=int(cfg.eval.get("last_k", 3)),
+                                    thresholds=list(cfg.eval.get("thresholds") or [])), **_map_summary(cfg, history)},
             "cache": {"dir": setup.cache.root and str(setup.cache.root), "hits": setup.cache.hits,
                       "misses": setup.cache.misses},
             "communication": {"uplink_bytes": sum(h["uplink_bytes"] for h in history),
@@ -393,6 +395,30 @@ def _save_model(out: Path, params, clients, mcfg: Dict[str, Any], data, run_id: 
         write_torch_atomic(out / "clients.pt", {**head, "params": cpu(clients)})
         saved["clients"] = "clients.pt"
     return saved
+
+
+def _map_reference_metrics(setup, init_params, delta: float):
+    """The per-round metrics of ``eval.map_reference`` (fedbench/eval/map_reference.py), MAP solved on the pooled
+    client data."""
+    from fedbench.algorithms.centralized import pooled_indices
+    from fedbench.eval.map_reference import map_round_metrics
+    from fedbench.eval.metrics import evaluate
+
+    idx = pooled_indices(setup.client_indices)
+    x, y = setup.train.inputs(idx), setup.train.y[idx]
+
+    def test(params):
+        return evaluate(setup.model, params, setup.test_inputs, setup.test_y, task=setup.task,
+                        batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
+
+    return map_round_metrics(setup.model, init_params, x, y, delta, setup.task, test)
+
+
+def _map_summary(cfg, history) -> Dict[str, Any]:
+    if cfg.eval.get("map_reference") is None:
+        return {}
+    from fedbench.eval.map_reference import first_round_within
+    return {"first_round_train_nll_within_1pct": first_round_within(history)}
 
 
 def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:

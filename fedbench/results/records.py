@@ -18,6 +18,8 @@ NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress"
 # Optional blocks that enter the identity only when switched on (size > 0), so that adding such a feature
 # leaves the run ids of every existing record unchanged.
 OFF_WHEN_EMPTY = ("server_unlabeled",)
+# Optional keys (section, key) that enter the identity only when not null, for the same reason.
+OFF_WHEN_NULL = (("eval", "map_reference"),)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
@@ -32,6 +34,9 @@ def identity_config(cfg: Any) -> Dict[str, Any]:
     for k in OFF_WHEN_EMPTY:
         if isinstance(out.get(k), Mapping) and not out[k].get("size"):
             del out[k]
+    for section, k in OFF_WHEN_NULL:
+        if isinstance(out.get(section), Mapping) and k in out[section] and out[section][k] is None:
+            out[section] = {kk: v for kk, v in out[section].items() if kk != k}
     return out
 
 
