@@ -31,6 +31,7 @@ from fedbench.results.records import (compute_run_id, identity_config, is_comple
                                       write_csv_atomic, write_json_atomic, write_torch_atomic)
 from fedbench.results.schema import HISTORY_COLUMNS, RoundLog, final_metrics, totals
 from fedbench.results.summaries import summarize
+from fedbench.fl.map_reference import first_round_within
 from fedbench.run.setup import (RunSetup, build_setup, config_group, resolve_backend, resolve_device,
                                  tuning_val_config)
 
@@ -188,8 +189,8 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
         "model": {"name": mcfg["name"], "num_parameters": count_parameters(run.fl.model), "pretrained": run.pretrained},
         "evaluated_on": "tuning_val (held-out training data)" if tuning_val_config(cfg) else "test",
         "metrics": final_metrics(history),
-        "summary": summarize(history, last=int(cfg.eval.get("last_k", 3)),
-                             thresholds=list(cfg.eval.get("thresholds") or [])),
+        "summary": {**summarize(history, last=int(cfg.eval.get("last_k", 3)),
+                                thresholds=list(cfg.eval.get("thresholds") or [])), **map_summary(cfg, history)},
         "cache": {"dir": cache.root and str(cache.root), "hits": cache.hits, "misses": cache.misses},
         "communication": sums["communication"],
         "timing": {"total_s": timing["total_s"], **sums["timing"], "curvature_s": timing["curvature_s"]},
@@ -215,6 +216,13 @@ def _write_record(out: Path, record: Dict[str, Any], history: List[Dict[str, Any
     if record["status"] == "ok" and trace:   # a method's per-step/epoch server trace of its last round (e.g. DENSE's epochs)
         write_csv_atomic(out / "trace.csv", list(trace))
     write_json_atomic(rec_path, record)
+
+
+def map_summary(cfg: DictConfig, history: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``eval.map_reference``: the first round whose training NLL is within 1 % of the centralised MAP's."""
+    if cfg.eval.get("map_reference") is None:
+        return {}
+    return {"first_round_train_nll_within_1pct": first_round_within(history)}
 
 
 def _print_summary(cfg: DictConfig, record: Dict[str, Any], run: RunSetup, rec_path: Path) -> None:

@@ -52,6 +52,8 @@ EXPECTED = {
     "fedlap/table3": (1 + 1 + 2 + 1) * 3,
     "fedlap/table4": 1 * 3,
     "fedlap/table5": (1 + 1 + 2 + 1 + 1) * 3,  # + FMNIST 100 clients
+    "fedlap/appD2": 3 + 1,                    # FedLap delta in {0.1, 1, 10} + one run of 3 FedDyn alphas, 1 seed
+    "fedlap/appE5": 2 * 3,                    # FMNIST 10 % homog / heterog x 3 seeds (FedLap-Func only)
     # figures (one run = one setting x seed; M / T / sigma^2 / the FedDyn and FedLap variants are aggregators)
     "fedbens/figure2": 3 * 4 * 5,             # 3 data sets x 4 alpha x 5 seeds, M = 1..5
     "fedbens/figure3": 3 * 2 * 3, "fedbens/figure4": 3 * 2 * 3, "fedbens/figure5": 3 * 2 * 3,

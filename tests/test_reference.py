@@ -42,7 +42,11 @@ SHAPES = {
     ("fedlap", "table4"): (["rounds"], ["method"], 4, 5),
     ("fedlap", "table5"): (["dataset", "partition", "num_clients"], ["method"], 6, 6),
     ("fedlap", "appE5"): (["partition", "metric_variant", "metric"], ["rounds", "threshold"], 6, 5),  # 4 blanks
+    ("fedlap", "appD2"): (["map_delta", "method"], ["metric"], 4, 2),   # text only: 6 numbers, 2 blanks
 }
+# tables whose grid has blanks the paper never printed (not lost cells): their row count
+SPARSE = {("fedlap", "appE5"): 16,   # 4 rows x 5 columns; rounds-to-accuracy only on the mean-of-last-3 rows
+          ("fedlap", "appD2"): 6}    # rounds to 1 % for FedLap (3 delta) and FedDyn; the MAP's test NLL at delta 1, 0
 # Cells that hold no number (lost in the source, "-"/"—", or not applicable), per file.
 MISSING = {("fola", "table1"): 5, ("fola", "table2"): 4, ("fedfisher", "table1"): 2, ("fedfisher", "table2"): 9,
            ("fedfisher", "table3"): 3, ("fedbens", "table5"): 6, ("fedlap", "table1"): 2, ("fedlap", "table3"): 9}
@@ -93,8 +97,8 @@ def test_shape_matches_the_notes(paper, table):
     df = load_reference(paper, table)
     assert df.groupby(row_keys, dropna=False).ngroups == n_rows
     assert df.groupby(col_keys, dropna=False).ngroups == n_cols
-    if (paper, table) == ("fedlap", "appE5"):
-        assert len(df) == 16  # 4 rows x 5 columns; rounds-to-accuracy is printed only on the mean-of-last-3 rows
+    if (paper, table) in SPARSE:
+        assert len(df) == SPARSE[(paper, table)]
     else:
         assert len(df) == n_rows * n_cols
 
@@ -246,6 +250,10 @@ def test_fedlap_cells():
     assert r["metric"] == "nll"
     check("fedlap", "appE5", 37, 5, partition="heterog", metric="rounds_to_acc", threshold="78")
     check("fedlap", "appE5", 78.8, 0.2, partition="heterog", metric_variant="max_last3", rounds=50)
+    # App. D.2 (text only): the ideal optimum's test NLL at delta = 1 / 0, and FedDyn's 78 rounds to 1 %
+    check("fedlap", "appD2", 0.337, None, map_delta=1, metric="map_test_nll", method="fedlap")
+    check("fedlap", "appD2", 0.420, None, map_delta=0, metric="map_test_nll", method="feddyn")
+    check("fedlap", "appD2", 78, None, map_delta=0, metric="rounds_to_1pct", method="feddyn")
 
 
 def test_unknown_table_is_one_line_error():

@@ -161,7 +161,8 @@ def check_local(local: Mapping) -> None:
 
 
 def check_eval(ev: Mapping) -> None:
-    _known("eval", ev, ("batch_size", "ece_bins", "every", "local_accuracy", "last_k", "thresholds"))
+    _known("eval", ev, ("batch_size", "ece_bins", "every", "local_accuracy", "last_k", "thresholds", "map_reference"))
+    _number("eval.map_reference", ev.get("map_reference"), ge=0, null_ok=True)
     _int("eval.batch_size", ev.get("batch_size", 2048), 1)
     _int("eval.ece_bins", ev.get("ece_bins", 15), 1)
     _int("eval.every", ev.get("every", 1), 1)

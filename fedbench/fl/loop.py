@@ -43,6 +43,8 @@ class FLSetup:
     current_stage: Optional[Dict[str, Any]] = None  # key parts of this round's client stage if it is cacheable
     server_val: Optional[tuple] = None    # (normalised inputs, labels) of the server's validation set, or None
     server_unlabeled: Optional[Tensor] = None   # normalised inputs of the server's unlabelled set (no labels), or None
+    round_metrics: Optional[Callable[[Any], Dict[str, float]]] = None   # more metrics of the global model per
+                                          # evaluated round (eval.map_reference: its distance to the centralised MAP)
 
     @property
     def num_clients(self) -> int:
@@ -195,6 +197,8 @@ def evaluate_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], resul
             metrics[f"{name}_{k}"] = v
     # scalars a method computes itself (e.g. fedfisher_full's global training loss)
     metrics.update({k: float(v) for k, v in (state.get("extra_metrics") or {}).items()})
+    if setup.round_metrics is not None:
+        metrics.update(setup.round_metrics(algo.predict_params(state)))
     if setup.local_accuracy and setup.task == "classification":
         accs = [evaluate(setup.model, p, setup.test_inputs, setup.test_y, **ev)["accuracy"]
                 for p in result.params]

@@ -177,7 +177,7 @@ def plot_sweep(points: pd.DataFrame, path: Path, *, title: str = "",
 
 
 def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", title: str = "",
-                reference: Optional[pd.DataFrame] = None) -> Path:
+                reference: Optional[pd.DataFrame] = None, log_y: bool = False) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -207,6 +207,8 @@ def plot_curves(curves: pd.DataFrame, path: Path, *, metric: str = "accuracy", t
                 if len(sel):
                     ax.scatter(sel["rounds"].astype(float), sel["mean"].astype(float), marker="x",
                                color=line.get_color(), zorder=5)
+        if log_y:   # distances to an optimum spanning decades (FedLap App. D.2's train-NLL gap)
+            ax.set_yscale("log")
         _style_axes(ax, ", ".join(f"{k}={v}" for k, v in zip(keys, kv)), "round", metric)
     _save_panels(fig, axes, len(panels), cols, title, path)
     return path
@@ -288,4 +290,5 @@ def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, m
         ref = ref[ref["rounds"].notna()] if "rounds" in ref else None
     except Exception:  # noqa: BLE001  (a table without transcribed numbers still gets its figure)
         ref = None
-    return plot_curves(curves, figures_dir / f"{name}.png", metric=metric, title=title, reference=ref)
+    return plot_curves(curves, figures_dir / f"{name}.png", metric=metric, title=title, reference=ref,
+                       log_y=spec["log_y"])

@@ -22,6 +22,8 @@ NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress"
 # leaves the run ids of every existing record unchanged.
 OFF_WHEN_EMPTY = ("server_unlabeled",)
 OFF_WHEN_ZERO_FRACTION = ("tuning_val",)   # a tuning selection run's hold-out (fraction > 0)
+# Optional keys (section, key) that enter the identity only when not null, for the same reason.
+OFF_WHEN_NULL = (("eval", "map_reference"),)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
@@ -37,6 +39,9 @@ def identity_config(cfg: Any) -> Dict[str, Any]:
     for k in OFF_WHEN_ZERO_FRACTION:
         if isinstance(out.get(k), Mapping) and not out[k].get("fraction"):
             del out[k]
+    for section, k in OFF_WHEN_NULL:
+        if isinstance(out.get(section), Mapping) and k in out[section] and out[section][k] is None:
+            out[section] = {kk: v for kk, v in out[section].items() if kk != k}
     return out
 
 

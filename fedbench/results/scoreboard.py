@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.results.reference import available_tables, load_reference
-from fedbench.results.tables import (COLLECTIONS, attach_reference, norm_key, paper_seeds, read_collections, score,
-                                     summarise, table_runs)
+from fedbench.results.tables import (COLLECTIONS, SUMMARY_VARIANTS, attach_reference, norm_key, paper_seeds,
+                                     read_collections, score, summarise, table_runs)
 
 CAMPAIGN = "campaign.yaml"
 GAPS = "gaps.md"
@@ -51,7 +51,8 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
         df = table_runs(list(e["overrides"]), output_root)
         meta = df.attrs.get("table") or {}
         metric = e.get("metric") or "accuracy"
-        summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
+        summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric,
+                                   SUMMARY_VARIANTS.get(meta.get("summary")))
         want = paper_seeds(meta) or 0
         ran = summary[(summary["n"] > 0) & summary["paper"].notna()] if len(summary) else summary
         out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta), "entry": e,

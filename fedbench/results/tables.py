@@ -95,6 +95,7 @@ KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
     "T": lambda c: _algo_key(c, "fedbens", lambda a: a.get("temperature")),                   # FedBEns Fig. 4
     "sigma2": lambda c: _algo_key(c, "fedbens", lambda a: a.get("prior_var")),                # FedBEns Fig. 5
     "width": lambda c: (c.get("model") or {}).get("width"),                                  # FedFisher Fig. 1a
+    "map_delta": lambda c: (c.get("eval") or {}).get("map_reference"),                       # FedLap App. D.2
 }
 
 
@@ -371,9 +372,16 @@ def merge_row_variants(summary: pd.DataFrame, keys: List[str]) -> pd.DataFrame:
 _NOT_JOINED = ("method", "mean", "std", "n", "finished", "never", "planned", "stale", "variant", "column", "paper")
 
 
-def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str = "accuracy") -> pd.DataFrame:
+# a multi-round table's ``table.summary`` -> the reference rows' ``metric_variant`` it is compared with (FedLap App.
+# E.5 prints the mean and the max of the last 3 rounds in one table)
+SUMMARY_VARIANTS = {"last3_mean": "mean_last3", "last3_max": "max_last3"}
+
+
+def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str = "accuracy",
+                     variant: Optional[str] = None) -> pd.DataFrame:
     """The paper's number beside each cell (``paper``, ``paper_std``), joined on every key the cell and the
-    reference CSV share (and on ``metric`` for derived columns), method variants on their base name."""
+    reference CSV share (and on ``metric`` for derived columns), method variants on their base name; ``variant``
+    keeps only the reference rows of that ``metric_variant`` (and those without one)."""
     try:
         ref = load_reference(paper, table)
     except (ImportError, FedbenchError, FileNotFoundError):
@@ -384,6 +392,8 @@ def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str 
         return summary
     if "metric" in ref and "metric" not in summary:
         ref = ref[ref["metric"] == metric]
+    if variant and "metric_variant" in ref:
+        ref = ref[ref["metric_variant"].isna() | (ref["metric_variant"] == variant)]
     ref = ref.copy()
     ref["base_method"] = ref["method"]
     summary = summary.copy()
@@ -614,7 +624,8 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
         publish_records(df)
         register_collection(tables_dir.parent / COLLECTIONS, name, overrides, metric, suffix, profile)
     df.drop(columns=["record_dir"]).to_csv(tables_dir / f"{name}_runs.csv", index=False)
-    summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric)
+    summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric,
+                               SUMMARY_VARIANTS.get(meta.get("summary")))
     out = tables_dir / f"{name}.md"
     foot = tuning_footnote(df)
     out.write_text(to_markdown(summary, meta, profile, metric=metric) + ("\n".join(foot) + "\n" if foot else ""))

@@ -14,12 +14,15 @@ from torch import Tensor
 
 from fedbench import numerics
 from fedbench.config.paths import absolute_path
+from fedbench.algorithms.centralized import pooled_indices
 from fedbench.data import load_dataset
 from fedbench.data.transforms import Augment
 from fedbench.data.tuning_split import hold_out_validation
 from fedbench.errors import FedbenchError
 from fedbench.fl.cache import ClientStageCache
+from fedbench.eval.metrics import evaluate
 from fedbench.fl.loop import FLSetup
+from fedbench.fl.map_reference import map_round_metrics
 from fedbench.fl.server_data import (ServerUnlabeledConfig, ServerValConfig, draw_server_unlabeled,
                                      draw_server_val)
 from fedbench.models import build_model, count_parameters
@@ -252,4 +255,19 @@ def build_setup(cfg: DictConfig, launch_dir: Optional[str] = None,
                  cache=ClientStageCache(absolute_path(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
                  stage_parts=client_stage_parts(cfg, groups, seed, pretrained, server),
                  server_val=server_val, server_unlabeled=server_unlabeled)
+    if cfg.eval.get("map_reference") is not None:   # FedLap App. D.2: distance to the centralised MAP per round
+        fl.round_metrics = map_reference_metrics(fl, init_params, float(cfg.eval.map_reference))
     return RunSetup(fl, init_params, data, parts, pretrained, backend)
+
+
+def map_reference_metrics(fl: FLSetup, init_params: Dict[str, Tensor], delta: float):
+    """The per-round metrics of ``eval.map_reference`` (fedbench/fl/map_reference.py), MAP solved on the pooled
+    client data."""
+    idx = pooled_indices(fl.client_indices)
+    x, y = fl.train.inputs(idx), fl.train.y[idx]
+
+    def test(params):
+        return evaluate(fl.model, params, fl.test_inputs, fl.test_y, task=fl.task,
+                        batch_size=fl.eval_batch_size, n_bins=fl.ece_bins)
+
+    return map_round_metrics(fl.model, init_params, x, y, delta, fl.task, test)
