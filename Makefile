@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: install run test test-all bench reproduce tables clean
+.PHONY: install run test test-all lint format bench reproduce tables clean
 
 install: $(VENV)/.installed
 
@@ -18,8 +18,16 @@ run: install
 	$(PY) run.py $(ARGS)
 
 # CI subset: everything but the long real-data checks (marked slow). pytest's "no tests" (5) is not a failure.
-test: install
+test: install lint
 	$(PY) -m pytest -m "not slow" -q $(ARGS) || [ $$? -eq 5 ]
+
+# Lint (rule set in pyproject.toml); `make format FILES="fedbench/x.py"` formats the files you touch.
+lint: install
+	$(VENV)/bin/ruff check fedbench scripts tests run.py
+
+FILES ?= fedbench scripts tests run.py
+format: install
+	$(VENV)/bin/ruff format $(FILES)
 
 test-all: install
 	$(PY) -m pytest -q $(ARGS) || [ $$? -eq 5 ]

@@ -20,7 +20,6 @@ Writes the state dict (atomically) and ``<out>.json`` (recipe, class order, per-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

@@ -1,6 +1,5 @@
 """FedOV (fedbench/algorithms/fedov.py; notes/fedlpa.md §2, §4 Table 11): the open-set vote against hand computations,
 outlier generation, adversarial enhancement, the C+1-class model, the loop hook, config errors, run.py end to end."""
-import json
 import math
 
 import pytest

@@ -1,6 +1,5 @@
 """Cache integrity: bytes flipped inside a cached tensor (torch.load still succeeds) are caught by the
 entry's SHA-256, reported in one line, and the entry is recomputed and rewritten valid."""
-import pytest
 import torch
 
 from fedbench.checksums import payload_sha256

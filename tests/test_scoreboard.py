@@ -2,7 +2,6 @@
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from fedbench import numerics
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep

@@ -1,7 +1,6 @@
 """scripts/submit.py machinery: sweep expansion, skip-if-done, a real submitit job array (local executor)."""
 import os
 
-import pytest
 
 from fedbench.launch.submit import submit
 from fedbench.launch.sweep import expand_sweep, plan

@@ -1,6 +1,5 @@
 """Collection of run records into a paper table, on synthetic records."""
 from tests.conftest import ok_record
-import json
 import math
 
 import pytest

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import math
-from numbers import Real
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch

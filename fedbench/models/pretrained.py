@@ -16,7 +16,6 @@ Rules, all checked before any training:
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 

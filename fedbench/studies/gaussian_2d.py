@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
