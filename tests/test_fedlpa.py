@@ -416,3 +416,11 @@ def test_run_py_records_accuracy_and_ea_accuracy(tmp_path):
     p = run(SMALL + ["rounds=1", "algorithm=fedlpa", "algorithm.solver=newton"], tmp_path, expect=2)
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedbench: error:") and "algorithm.solver" in lines[0]
+
+
+def test_worst_residual_reports_a_diverged_layer_as_inf():
+    from fedbench.algorithms.fedlpa import worst_residual
+    assert worst_residual([1e-3, float("nan")]) == float("inf")   # max() alone would return 1e-3 here
+    assert worst_residual([float("nan"), 1e-3]) == float("inf")
+    assert worst_residual([1e-3, 0.2]) == 0.2
+    assert worst_residual([]) == 0.0

@@ -235,6 +235,13 @@ def rel_residual(Gs: Tensor, As: Tensor, Ms: Tensor, p: Tensor, M: Tensor) -> fl
     return float(torch.linalg.norm(op(M.to(d)) - Z)) / zn
 
 
+def worst_residual(values) -> float:
+    """The max over layers; inf when any layer's solution is not finite (a diverged GD gives NaN, and Python's
+    max would silently skip a NaN that is not first)."""
+    vals = [float(v) for v in values]
+    return math.inf if any(not math.isfinite(v) for v in vals) else max(vals, default=0.0)
+
+
 # --------------------------------------------------------------------------------------------------
 # round ≥ 2 local term (§1.5)
 # --------------------------------------------------------------------------------------------------
@@ -449,8 +456,8 @@ class FedLPA(Algorithm):
         info = out["info"].values()
         # how well each solution solves the layer systems (max over layers of ||Z - A(M)||_F / ||Z||_F): says
         # whether GD converged, stalled or diverged, and how far EA is from the exact solution
-        residuals = {"solver_rel_residual": max((i["rel_residual"] for i in info), default=0.0),
-                     "ea_rel_residual": max((i["ea_rel_residual"] for i in info), default=0.0)}
+        residuals = {"solver_rel_residual": worst_residual(i["rel_residual"] for i in info),
+                     "ea_rel_residual": worst_residual(i["ea_rel_residual"] for i in info)}
         new = {**state, "params": sol, "extra_eval": {"ea": ea}, "solver_info": out["info"],
                "extra_metrics": residuals,
                "factor_sums": out["factor_sums"], "factors": factors, "report_params": None}
