@@ -21,6 +21,7 @@ import shutil
 
 from omegaconf import OmegaConf
 
+from fedbench.config.hardware import parse_num_threads
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id
 from fedbench.launch.sweep import compose_run
@@ -43,15 +44,8 @@ def available_cores() -> int:
 
 def threads_per_job(num_threads) -> int:
     """A sweep job's torch threads: ``hardware.num_threads`` when it is a number, else the measured default."""
-    if num_threads in (None, "auto"):
-        return DEFAULT_THREADS_PER_JOB
-    try:
-        n = int(num_threads)
-    except (TypeError, ValueError):
-        raise FedbenchError(f"hardware.num_threads must be auto or a positive integer, got {num_threads!r}") from None
-    if n < 1:
-        raise FedbenchError(f"hardware.num_threads must be auto or a positive integer, got {num_threads!r}")
-    return n
+    n = parse_num_threads(num_threads)
+    return DEFAULT_THREADS_PER_JOB if n is None else n
 
 
 def parallel_jobs(jobs, num_threads, device="auto") -> int:

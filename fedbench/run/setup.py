@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from fedbench import numerics
+from fedbench.config.hardware import parse_num_threads
 from fedbench.config.paths import absolute_path
 from fedbench.algorithms.centralized import pooled_indices
 from fedbench.data import load_dataset
@@ -58,16 +59,11 @@ def set_threads(spec, device: torch.device, num_params: int) -> None:
     """CPU intra-op threads. ``auto``: one thread for tiny models (tabular / logistic regression), whose
     per-step ops are too small to split — extra threads only add synchronisation (measured 15x slower
     per Adam step on a 47-parameter model with 2 threads on a busy 2-core machine); torch's default otherwise."""
-    if spec in (None, "auto"):
+    n = parse_num_threads(spec)
+    if n is None:
         if device.type == "cpu" and num_params < 10_000:
             torch.set_num_threads(1)
         return
-    try:
-        n = int(spec)
-    except (TypeError, ValueError):
-        raise FedbenchError(f"hardware.num_threads must be auto or a positive integer, got {spec!r}") from None
-    if n < 1:
-        raise FedbenchError(f"hardware.num_threads must be auto or a positive integer, got {spec!r}")
     torch.set_num_threads(n)
 
 
