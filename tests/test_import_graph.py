@@ -188,3 +188,17 @@ def test_functions_are_short(graph):
                 if lines > MAX_FUNCTION_LINES and f"{module}.{node.name}" not in LONG_FUNCTIONS_LEFT:
                     long.append(f"{module}.{node.name}: {lines} lines")
     assert not long, "\n".join(long)
+
+
+def test_readme_lists_every_algorithm_hook():
+    """The README's "Adding a method" table names every public method of ``Algorithm`` (a new hook must be documented)."""
+    import inspect
+
+    from fedbench.algorithms.base import Algorithm
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Adding a method"):readme.index("## Layout")]
+    hooks = [n for n, f in inspect.getmembers(Algorithm, inspect.isfunction) if not n.startswith("_")]
+    assert len(hooks) >= 10
+    missing = [h for h in hooks if f"`{h}(" not in section and f"`{h}`" not in section]
+    assert not missing, f"README 'Adding a method' lacks: {missing}"
