@@ -22,13 +22,13 @@ import copy
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
+from fedbench.algorithms.common import method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                          integer as cfg_int, number as cfg_num)
 from fedbench.data.transforms import Augment
@@ -195,11 +195,6 @@ def teacher_logits(model: nn.Module, members: Sequence[Params], weights: Sequenc
     return out
 
 
-def _seed(seed: int, round_idx: int, tag: int) -> torch.Generator:
-    s = int(np.random.SeedSequence([int(seed), int(round_idx), 0xDE45E, int(tag)]).generate_state(1)[0])
-    return torch.Generator().manual_seed(s)
-
-
 # ------------------------------------------------------------------------------------------------
 @ALGORITHMS.register("dense")
 class Dense(Algorithm):
@@ -298,7 +293,7 @@ class Dense(Algorithm):
                 p.copy_(start[n].to(dev))
         opt = torch.optim.SGD([p for p in student.parameters() if p.requires_grad], lr=self.lr,
                               momentum=self.momentum, weight_decay=self.weight_decay)
-        gen_cpu = _seed(setup.seed, round_idx, 0)
+        gen_cpu = method_generator("dense", setup.seed, round_idx, tag=0)
         generator = Generator(self.nz, self.ngf, self.shape).to(dev)
         pool = ImagePool(self.pool_quantize)
         hook = BNStatHook(teacher)

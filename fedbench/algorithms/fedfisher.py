@@ -35,6 +35,7 @@ from torch import Tensor
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.common import method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                         integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
@@ -89,9 +90,7 @@ class FisherClient:
         if self.fisher != "mc":
             return None
         dev = self.setup.device if isinstance(self.setup.device, torch.device) else torch.device(self.setup.device)
-        g = torch.Generator(device=dev)
-        g.manual_seed(int(self.setup.seed) * 1_000_003 + 7919 * int(client_id) + int(round_idx))
-        return g
+        return method_generator("fedfisher", self.setup.seed, round_idx, client_id, device=dev)
 
     def parts(self, structure):
         p = {"structure": structure, "fisher": self.fisher, "scale": "mean"}

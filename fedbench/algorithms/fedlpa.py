@@ -48,10 +48,11 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.common import method_generator
 from fedbench.curvature.structures import layer_matrix, layer_params
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
-from fedbench.train.engine import client_generator, LocalObjective
+from fedbench.train.engine import LocalObjective
 from fedbench.curvature.engine import find_layers
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature import compute_curvature, damp_kfac
@@ -328,7 +329,7 @@ class FedLPA(Algorithm):
     def _factor_inputs(self, client_id: int, round_idx: int) -> Tuple[Tensor, Tensor]:
         data, idx = self.setup.train, self.setup.client_indices[client_id]
         if self.factor_data == "augmented_as_released" and data.augment is not None:
-            gen = client_generator(self.setup.seed + 0xF15, round_idx, client_id)   # own stream, reproducible
+            gen = method_generator("fedlpa", self.setup.seed, round_idx, client_id)   # own stream, reproducible
             return data.normalize(data.augment(data.raw(idx), gen)), data.targets(idx)
         return data.inputs(idx), data.targets(idx)
 

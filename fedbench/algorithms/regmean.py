@@ -25,6 +25,7 @@ from torch import Tensor
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.common import method_generator
 from fedbench.algorithms.fedfisher import (WEIGHTINGS, client_weights, decode_any, decode_params, encode_params,
                                            weighted_sum)
 from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, number as cfg_num
@@ -148,7 +149,7 @@ class RegMean(Algorithm):
             if len(idx) == 0:
                 return {"G": {m: torch.zeros(params[w].shape[1], params[w].shape[1]) for m, w in self.modules.items()}}
             if self.gram_max is not None and len(idx) > self.gram_max:
-                g = torch.Generator().manual_seed(int(self.setup.seed) * 1_000_003 + int(client_id))
+                g = method_generator("regmean", self.setup.seed, client_id=client_id)
                 idx = idx[torch.randperm(len(idx), generator=g)[: self.gram_max].to(idx.device)]
             if self._worker is None:
                 self._worker = copy.deepcopy(self.setup.model)
