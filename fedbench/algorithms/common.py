@@ -56,6 +56,7 @@ def method_generator(name: str, seed: int, round_idx: int = 0, client_id: int = 
 
 # ---- client weights ------------------------------------------------------------------------------------
 WEIGHTINGS = ("num_samples", "uniform")
+NO_CLIENT_DATA = "all clients are empty: no data to aggregate"
 
 
 def raw_weights(sizes: Sequence[float], weighting: str = "num_samples") -> List[float]:

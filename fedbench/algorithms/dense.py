@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
-from fedbench.algorithms.common import method_generator
+from fedbench.algorithms.common import client_weights, method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                          integer as cfg_int, number as cfg_num)
 from fedbench.data.transforms import Augment
@@ -176,16 +176,6 @@ class ImagePool:
         return x.float().div_(255.0) if self.quantize else x
 
 
-def ensemble_weights(sizes: Sequence[int], weighting: str) -> List[float]:
-    """Logit-ensemble weights: uniform 1/K (DENSE's Ensemble, FedLPA's port) or n_k/n (FedFisher/FedBEns)."""
-    if weighting == "uniform":
-        return [1.0 / len(sizes)] * len(sizes)
-    tot = float(sum(sizes))
-    if tot <= 0:
-        return [1.0 / len(sizes)] * len(sizes)
-    return [float(n) / tot for n in sizes]
-
-
 def teacher_logits(model: nn.Module, members: Sequence[Params], weights: Sequence[float], x: Tensor) -> Tensor:
     """Σ_k w_k f_k(x) with one template model (no per-client copies)."""
     out = None
@@ -259,7 +249,7 @@ class Dense(Algorithm):
     def aggregate(self, messages, state, round_idx):
         members = [m.payload["params"] for m in messages]
         sizes = [m.num_samples for m in messages]
-        w = ensemble_weights(sizes, self.weighting)
+        w = client_weights(sizes, self.weighting)   # uniform 1/K (DENSE's Ensemble) or n_k/n
         if self.student_init == "fedavg":
             start = weighted_average(members, sizes)
         else:   # a fresh random initialisation: the run's initial weights (drawn from the run seed)

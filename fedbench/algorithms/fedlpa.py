@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
-from fedbench.algorithms.common import method_generator
+from fedbench.algorithms.common import client_weights, method_generator, raw_weights
 from fedbench.curvature.structures import layer_matrix, layer_params
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
@@ -397,11 +397,9 @@ class FedLPA(Algorithm):
         return state.get("report_params") or state["params"]
 
     def _weights(self, messages: List[Message], device) -> Tensor:
-        w = [float(m.num_samples) if self.weighting == "num_samples" else 1.0 for m in messages]
-        p = torch.tensor(w, dtype=torch.float64, device=device)
-        if float(p.sum()) <= 0:
-            raise FedbenchError("fedlpa: every client is empty; nothing to aggregate")
-        return p / p.sum()
+        p = client_weights([m.num_samples for m in messages], self.weighting,
+                           empty_error="fedlpa: every client is empty; nothing to aggregate")
+        return torch.tensor(p, dtype=torch.float64, device=device)
 
     def solve(self, messages: List[Message]) -> Dict[str, Any]:
         """EA and solver solutions, the p-weighted factor sums and per-client factors."""
@@ -499,6 +497,6 @@ class FedLPAThenFedAvg(FedLPA):
         if round_idx == 1:
             new = super().aggregate(messages, state, round_idx)
             return {**new, "factor_sums": None, "factors": None}
-        w = [m.num_samples if self.weighting == "num_samples" else 1.0 for m in messages]
+        w = raw_weights([m.num_samples for m in messages], self.weighting)
         return {**state, "params": weighted_average([m.payload["params"] for m in messages], w),
                 "extra_eval": {}, "extra_metrics": {}, "report_params": None}
