@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from fedbench.algorithms import dense as D
 from fedbench.algorithms.base import ALGORITHMS, Message
+from fedbench.algorithms.common import client_weights
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
 from fedbench.train.config import LocalTrainConfig
@@ -149,8 +150,8 @@ def test_pool_quantisation_on_the_255_grid():
 
 
 def test_ensemble_weighting_uniform_vs_num_samples():
-    assert D.ensemble_weights([10, 30], "uniform") == [0.5, 0.5]
-    assert D.ensemble_weights([10, 30], "num_samples") == [0.25, 0.75]
+    assert client_weights([10, 30], "uniform") == [0.5, 0.5]
+    assert client_weights([10, 30], "num_samples") == [0.25, 0.75]
     setup = _setup()
     a, b = _params(setup, 1), _params(setup, 2)
     x = setup.train.inputs(torch.arange(5))

@@ -22,13 +22,13 @@ import copy
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
+from fedbench.algorithms.common import client_weights, method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                          integer as cfg_int, number as cfg_num)
 from fedbench.data.transforms import Augment
@@ -176,16 +176,6 @@ class ImagePool:
         return x.float().div_(255.0) if self.quantize else x
 
 
-def ensemble_weights(sizes: Sequence[int], weighting: str) -> List[float]:
-    """Logit-ensemble weights: uniform 1/K (DENSE's Ensemble, FedLPA's port) or n_k/n (FedFisher/FedBEns)."""
-    if weighting == "uniform":
-        return [1.0 / len(sizes)] * len(sizes)
-    tot = float(sum(sizes))
-    if tot <= 0:
-        return [1.0 / len(sizes)] * len(sizes)
-    return [float(n) / tot for n in sizes]
-
-
 def teacher_logits(model: nn.Module, members: Sequence[Params], weights: Sequence[float], x: Tensor) -> Tensor:
     """Σ_k w_k f_k(x) with one template model (no per-client copies)."""
     out = None
@@ -193,11 +183,6 @@ def teacher_logits(model: nn.Module, members: Sequence[Params], weights: Sequenc
         z = torch.func.functional_call(model, p, (x,)) * w
         out = z if out is None else out + z
     return out
-
-
-def _seed(seed: int, round_idx: int, tag: int) -> torch.Generator:
-    s = int(np.random.SeedSequence([int(seed), int(round_idx), 0xDE45E, int(tag)]).generate_state(1)[0])
-    return torch.Generator().manual_seed(s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,7 +249,7 @@ class Dense(Algorithm):
     def aggregate(self, messages, state, round_idx):
         members = [m.payload["params"] for m in messages]
         sizes = [m.num_samples for m in messages]
-        w = ensemble_weights(sizes, self.weighting)
+        w = client_weights(sizes, self.weighting)   # uniform 1/K (DENSE's Ensemble) or n_k/n
         if self.student_init == "fedavg":
             start = weighted_average(members, sizes)
         else:   # a fresh random initialisation: the run's initial weights (drawn from the run seed)
@@ -298,7 +283,7 @@ class Dense(Algorithm):
                 p.copy_(start[n].to(dev))
         opt = torch.optim.SGD([p for p in student.parameters() if p.requires_grad], lr=self.lr,
                               momentum=self.momentum, weight_decay=self.weight_decay)
-        gen_cpu = _seed(setup.seed, round_idx, 0)
+        gen_cpu = method_generator("dense", setup.seed, round_idx, tag=0)
         generator = Generator(self.nz, self.ngf, self.shape).to(dev)
         pool = ImagePool(self.pool_quantize)
         hook = BNStatHook(teacher)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
+from fedbench.algorithms.common import raw_weights
 from fedbench.errors import FedbenchError
 
 
@@ -20,5 +21,5 @@ class FedAvg(Algorithm):
         return {} if round_idx == 1 else None   # plain local training from the shared initialisation
 
     def aggregate(self, messages, state, round_idx):
-        weights = [m.num_samples if self.weighting == "num_samples" else 1.0 for m in messages]
+        weights = raw_weights([m.num_samples for m in messages], self.weighting)
         return {**state, "params": weighted_average([m.payload["params"] for m in messages], weights)}

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
+from fedbench.algorithms.common import method_generator, method_seed
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                          integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
@@ -184,10 +185,6 @@ class WeightAverage:
         self.n += 1
 
 
-def _seed(seed: int, round_idx: int, tag: int) -> int:
-    return int(np.random.SeedSequence([int(seed), int(round_idx), 0xFEDBE, int(tag)]).generate_state(1)[0])
-
-
 # ------------------------------------------------------------------------------------------------
 @ALGORITHMS.register("fedbe")
 class FedBE(Algorithm):
@@ -240,7 +237,7 @@ class FedBE(Algorithm):
                       round_idx: int) -> List[Params]:
         if self.num_samples == 0:
             return []
-        seed = _seed(self.setup.seed, round_idx, 1)
+        seed = method_seed("fedbe", self.setup.seed, round_idx, tag=1)
         if self.distribution == "dirichlet":
             conc = dirichlet_concentration(sizes, self.dirichlet_alpha)
             return sample_dirichlet(clients, conc, self.num_samples, np.random.default_rng(seed))[0]
@@ -275,7 +272,7 @@ class FedBE(Algorithm):
         student = {n: t.detach().clone().requires_grad_(True) for n, t in start.items()}
         opt = torch.optim.SGD(list(student.values()), lr=self.lr, momentum=self.momentum,
                               weight_decay=self.weight_decay)
-        gen = torch.Generator().manual_seed(_seed(self.setup.seed, round_idx, 2))
+        gen = method_generator("fedbe", self.setup.seed, round_idx, tag=2)
         swa = WeightAverage()
         step, trace = 0, []
         was = model.training

@@ -40,6 +40,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.common import method_seed
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.posterior import (DenseGaussian, DiagGaussian, Gaussian, gaussian_from_curvature, KronGaussian,
                                           LOG2PI, ProductGaussian)
@@ -74,7 +75,7 @@ def member_init_params(model: nn.Module, init: Params, seed: int, member: int, r
     """Member m's start, shared by every client, reproducible from the run seed (on the CPU, so it
     does not depend on the device): default re-initialisation of every layer with
     ``reset_parameters`` under ``torch.manual_seed(seed * 1000 + m)``, or ``init`` + std·N(0, 1)."""
-    s = int(seed) * 1000 + int(member)
+    s = method_seed("fedbens", seed, tag=member)
     if rule == "perturb":
         g = torch.Generator().manual_seed(s)
         return {n: t + std * torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device) for n, t in init.items()}

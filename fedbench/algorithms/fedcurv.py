@@ -25,9 +25,9 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.fola import (FISHER_GRADS, check_keys, choice, client_weights, nonneg,
-                                      offline_diag_fisher, weighted_mean)
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.common import client_weights
+from fedbench.algorithms.fola import FISHER_GRADS, check_keys, choice, nonneg, offline_diag_fisher
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 from fedbench.train.terms import QuadraticPriorTerm
@@ -145,10 +145,10 @@ class FedCurv(Algorithm):
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 
     def aggregate(self, messages, state, round_idx):
-        w = client_weights(messages)
-        mu = weighted_mean([m.payload["params"] for m in messages], w)
+        w = client_weights([m.num_samples for m in messages])
+        mu = weighted_average([m.payload["params"] for m in messages], w)
         if self.variant == "fola_code":
-            omega = weighted_mean([m.payload["fisher"] for m in messages], w)
+            omega = weighted_average([m.payload["fisher"] for m in messages], w)
             return {**state, "params": mu, "precision": omega}
         fishers, anchors = list(state["fishers"]), list(state["anchors"])
         for m in messages:

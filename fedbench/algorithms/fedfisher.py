@@ -35,6 +35,7 @@ from torch import Tensor
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                         integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
@@ -89,9 +90,7 @@ class FisherClient:
         if self.fisher != "mc":
             return None
         dev = self.setup.device if isinstance(self.setup.device, torch.device) else torch.device(self.setup.device)
-        g = torch.Generator(device=dev)
-        g.manual_seed(int(self.setup.seed) * 1_000_003 + 7919 * int(client_id) + int(round_idx))
-        return g
+        return method_generator("fedfisher", self.setup.seed, round_idx, client_id, device=dev)
 
     def parts(self, structure):
         p = {"structure": structure, "fisher": self.fisher, "scale": "mean"}
@@ -168,14 +167,6 @@ def decode_any(x, dtype=torch.float32) -> Tensor:
 
 def decode_params(enc: Mapping[str, Any], dtype=torch.float32) -> Params:
     return {n: decode_any(v, dtype) for n, v in enc.items()}
-
-
-def client_weights(messages: Sequence[Message], weighting: str) -> List[float]:
-    raw = [float(m.num_samples) if weighting == "num_samples" else 1.0 for m in messages]
-    s = sum(raw)
-    if s <= 0:
-        raise FedbenchError("all clients are empty: no data to aggregate")
-    return [r / s for r in raw]
 
 
 def weighted_sum(dicts: Sequence[Params], weights: Sequence[float]) -> Params:
@@ -337,7 +328,7 @@ class _FedFisher(Algorithm):
     def aggregate(self, messages, state, round_idx):
         ref = state["params"]
         dev = next(iter(ref.values())).device
-        p = client_weights(messages, self.weighting)
+        p = client_weights([m.num_samples for m in messages], self.weighting, empty_error=NO_CLIENT_DATA)
         Ws = [{n: t.to(dev) for n, t in decode_params(m.payload["params"]).items()} for m in messages]
         w0 = weighted_sum(Ws, p)
         mv, b = self._operators(messages, p, Ws)

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.fedfisher import WEIGHTINGS, client_weights
+from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
+from fedbench.algorithms.fedfisher import WEIGHTINGS
 from fedbench.algorithms.options import check_keys, choice as cfg_choice, integer as cfg_int, number as cfg_num
 from fedbench.errors import FedbenchError
 from fedbench.curvature.layout import ParamLayout
@@ -155,7 +156,7 @@ class FedFisherFull(Algorithm):
 
     def aggregate(self, messages: List[Message], state: Dict[str, Any], round_idx: int) -> Dict[str, Any]:
         ref = state["params"]
-        p = client_weights(messages, self.weighting)
+        p = client_weights([m.num_samples for m in messages], self.weighting, empty_error=NO_CLIENT_DATA)
         Ws = [self._flat(m.payload["params"]) for m in messages]
         Fs = [m.payload["fisher"].to(Ws[0].device, torch.float64) for m in messages]
         w_bar = sum(pi * W for pi, W in zip(p, Ws))

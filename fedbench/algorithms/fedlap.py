@@ -57,9 +57,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.common import method_generator
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
-from fedbench.train.engine import client_generator, LocalObjective
+from fedbench.train.engine import LocalObjective
 from fedbench.curvature import compute_curvature
 
 Params = Dict[str, Tensor]
@@ -344,7 +345,7 @@ class FedLapCov(FedLap):
             width = self._worker(x[:1]).shape[-1]
         gen = None
         if self.fisher == "mc":   # reproducible per (seed, round, client); a distinct stream from training
-            gen = client_generator(self.setup.seed + 7_919, round_idx, client_id)
+            gen = method_generator("fedlap", self.setup.seed, round_idx, client_id)
         curv = compute_curvature(self._worker, x, y, structure="diag", fisher=self.fisher, scale="sum",
                                  loss=self._loss_kind(width), batch_size=self.curv_bs, mc_samples=self.mc_samples,
                                  generator=gen)

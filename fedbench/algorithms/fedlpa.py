@@ -48,10 +48,11 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.common import client_weights, method_generator, raw_weights
 from fedbench.curvature.structures import layer_matrix, layer_params
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
-from fedbench.train.engine import client_generator, LocalObjective
+from fedbench.train.engine import LocalObjective
 from fedbench.curvature.engine import find_layers
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature import compute_curvature, damp_kfac
@@ -328,7 +329,7 @@ class FedLPA(Algorithm):
     def _factor_inputs(self, client_id: int, round_idx: int) -> Tuple[Tensor, Tensor]:
         data, idx = self.setup.train, self.setup.client_indices[client_id]
         if self.factor_data == "augmented_as_released" and data.augment is not None:
-            gen = client_generator(self.setup.seed + 0xF15, round_idx, client_id)   # own stream, reproducible
+            gen = method_generator("fedlpa", self.setup.seed, round_idx, client_id)   # own stream, reproducible
             return data.normalize(data.augment(data.raw(idx), gen)), data.targets(idx)
         return data.inputs(idx), data.targets(idx)
 
@@ -396,11 +397,9 @@ class FedLPA(Algorithm):
         return state.get("report_params") or state["params"]
 
     def _weights(self, messages: List[Message], device) -> Tensor:
-        w = [float(m.num_samples) if self.weighting == "num_samples" else 1.0 for m in messages]
-        p = torch.tensor(w, dtype=torch.float64, device=device)
-        if float(p.sum()) <= 0:
-            raise FedbenchError("fedlpa: every client is empty; nothing to aggregate")
-        return p / p.sum()
+        p = client_weights([m.num_samples for m in messages], self.weighting,
+                           empty_error="fedlpa: every client is empty; nothing to aggregate")
+        return torch.tensor(p, dtype=torch.float64, device=device)
 
     def solve(self, messages: List[Message]) -> Dict[str, Any]:
         """EA and solver solutions, the p-weighted factor sums and per-client factors."""
@@ -498,6 +497,6 @@ class FedLPAThenFedAvg(FedLPA):
         if round_idx == 1:
             new = super().aggregate(messages, state, round_idx)
             return {**new, "factor_sums": None, "factors": None}
-        w = [m.num_samples if self.weighting == "num_samples" else 1.0 for m in messages]
+        w = raw_weights([m.num_samples for m in messages], self.weighting)
         return {**state, "params": weighted_average([m.payload["params"] for m in messages], w),
                 "extra_eval": {}, "extra_metrics": {}, "report_params": None}

@@ -7,6 +7,7 @@ d_k = (theta_0 - theta_k) / a_k, and theta = theta_0 - (sum_k p_k a_k) * sum_k p
 from __future__ import annotations
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm
+from fedbench.algorithms.common import client_weights
 
 
 def effective_steps(tau: int, rho: float) -> float:
@@ -27,8 +28,7 @@ class FedNova(Algorithm):
     def aggregate(self, messages, state, round_idx):
         rho = float(self.cfg.get("rho", self.setup.local.momentum))
         theta0 = state["params"]
-        total = float(sum(m.num_samples for m in messages))
-        p = [m.num_samples / total for m in messages]
+        p = client_weights([m.num_samples for m in messages])
         a = [effective_steps(int(m.info["steps"]), rho) for m in messages]
         tau_eff = sum(pk * ak for pk, ak in zip(p, a))
         new = {}

@@ -57,13 +57,13 @@ import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm
+from fedbench.algorithms.common import method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                          integer as cfg_int, number as cfg_num)
 from fedbench.errors import FedbenchError
@@ -322,11 +322,6 @@ class OpenSetVote:
         return open_set_vote(probs, self.rule, self.accepted)
 
 
-def _gen(seed: int, round_idx: int, client_id: int, tag: int) -> torch.Generator:
-    s = int(np.random.SeedSequence([int(seed), int(round_idx), int(client_id), 0xF0E0, int(tag)]).generate_state(1)[0])
-    return torch.Generator().manual_seed(s)
-
-
 # ------------------------------------------------------------------------------------------------
 @ALGORITHMS.register("fedov")
 class FedOV(Algorithm):
@@ -460,7 +455,7 @@ class FedOV(Algorithm):
             for n, p in named.items():
                 p.copy_(start[n])
         opt = self._optimizer(worker.parameters())
-        gen, ogen = client_generator(seed, round_idx, cid), _gen(seed, round_idx, cid, 0)
+        gen, ogen = client_generator(seed, round_idx, cid), method_generator("fedov", seed, round_idx, cid, tag=0)
         idx_all = s.client_indices[cid]
         body, head = split_at_penultimate_linear(worker) or (worker, nn.Identity())
         worker.train()
@@ -538,7 +533,7 @@ class FedOV(Algorithm):
         else:
             opt = torch.optim.SGD(student.parameters(), lr=self.distill_lr, momentum=self.distill_momentum,
                                   weight_decay=self.distill_wd)
-        gen = _gen(s.seed, round_idx, 0, 1)   # tag 1: the server (clients use tag 0)
+        gen = method_generator("fedov", s.seed, round_idx, 0, tag=1)   # tag 1: the server (clients use tag 0)
         student.train()
         trace = []
         for ep in range(self.distill_epochs):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.fedfisher import (FISHERS, WEIGHTINGS, FisherClient, client_weights, fisher_name,
+from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
+from fedbench.algorithms.fedfisher import (FISHERS, WEIGHTINGS, FisherClient, fisher_name,
                                            decode_params, encode_params, weighted_sum)
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice, integer as cfg_int,
                                          number as cfg_num)
@@ -70,7 +71,7 @@ class FisherMerge(Algorithm):
     def aggregate(self, messages, state, round_idx):
         ref = state["params"]
         dev = next(iter(ref.values())).device
-        p = client_weights(messages, self.weighting)
+        p = client_weights([m.num_samples for m in messages], self.weighting, empty_error=NO_CLIENT_DATA)
         Ws = [{n: t.to(dev) for n, t in decode_params(m.payload["params"]).items()} for m in messages]
         Fs = [{n: t.to(dev) for n, t in decode_params(m.payload["fisher"]).items()} for m in messages]
         out = fisher_merge(Ws, Fs, p, self.floor, self.floor_mode)

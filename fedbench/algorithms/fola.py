@@ -37,7 +37,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.common import client_weights
 from fedbench.curvature import OnlineDiagFisher, compute_curvature
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective, client_generator, data_loss, epoch_batches
@@ -91,13 +92,6 @@ def loss_kind(setup) -> str:
     return "mse" if getattr(setup, "task", "classification") == "regression" else "auto"
 
 
-def client_weights(messages: Sequence[Message]) -> List[float]:
-    """π_n = m_n / Σ m (renormalised over the participating clients, §1.3); uniform if all are empty."""
-    sizes = [float(m.num_samples) for m in messages]
-    tot = sum(sizes)
-    return [s / tot for s in sizes] if tot > 0 else [1.0 / len(sizes)] * len(sizes)
-
-
 # ---- server-side formulas ---------------------------------------------------------------------------
 def gaussian_product_diag(means: Sequence[Params], precisions: Sequence[Params], weights: Sequence[float], *,
                           eps: float = 1e-5, eps_mode: str = "denominator") -> tuple[Params, Params]:
@@ -123,18 +117,6 @@ def gaussian_product_diag(means: Sequence[Params], precisions: Sequence[Params],
         mean[n] = (num / (den + eps)).to(dt)
         prec[n] = den.to(precisions[0][n].dtype)
     return mean, prec
-
-
-def weighted_mean(dicts: Sequence[Params], weights: Sequence[float]) -> Params:
-    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
-    w = (w / w.sum()).tolist()
-    out = {}
-    for n in dicts[0]:
-        acc = torch.zeros_like(dicts[0][n], dtype=torch.float64)
-        for wi, d in zip(w, dicts):
-            acc.add_(d[n].double(), alpha=wi)
-        out[n] = acc.to(dicts[0][n].dtype)
-    return out
 
 
 def client_precision(fisher: Params, prior_precision: Params, round_idx: int, round_scaling: str,
@@ -395,12 +377,12 @@ class FOLA(Algorithm):
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 
     def aggregate(self, messages, state, round_idx):
-        w = client_weights(messages)
+        w = client_weights([m.num_samples for m in messages])   # π_n = m_n / Σ m (§1.3); uniform if all empty
         means = [m.payload["params"] for m in messages]
         precs = [m.payload["precision"] for m in messages]
         if self.aggregation == "product":
             mu, omega = gaussian_product_diag(means, precs, w, eps=self.eps, eps_mode=self.eps_mode)
         else:
-            mu, omega = weighted_mean(means, w), weighted_mean(precs, w)
+            mu, omega = weighted_average(means, w), weighted_average(precs, w)
         self._hook = None
         return {**state, "params": mu, "precision": omega}

@@ -44,6 +44,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
 from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, integer as cfg_int
 from fedbench.errors import FedbenchError
 from fedbench.models.resnet import BasicBlock, ResNet18NoBN
@@ -362,10 +363,7 @@ class OTFusion(Algorithm):
         return {} if round_idx == 1 else None
 
     def aggregate(self, messages: List[Message], state, round_idx):
-        raw = [float(m.num_samples) if self.weighting == "num_samples" else 1.0 for m in messages]
-        if sum(raw) <= 0:
-            raise FedbenchError("all clients are empty: no data to aggregate")
-        p = [r / sum(raw) for r in raw]
+        p = client_weights([m.num_samples for m in messages], self.weighting, empty_error=NO_CLIENT_DATA)
         clients = [m.payload["params"] for m in messages]
         best, best_acc, trace = None, 0.0, []
         best_flags = self.grid[-1]   # the code's fallback (F, F) when no setting beats 0 % accuracy

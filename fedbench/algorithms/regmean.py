@@ -25,7 +25,8 @@ from torch import Tensor
 
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.fedfisher import (WEIGHTINGS, client_weights, decode_any, decode_params, encode_params,
+from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
+from fedbench.algorithms.fedfisher import (WEIGHTINGS, decode_any, decode_params, encode_params,
                                            weighted_sum)
 from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, number as cfg_num
 from fedbench.errors import FedbenchError
@@ -148,7 +149,7 @@ class RegMean(Algorithm):
             if len(idx) == 0:
                 return {"G": {m: torch.zeros(params[w].shape[1], params[w].shape[1]) for m, w in self.modules.items()}}
             if self.gram_max is not None and len(idx) > self.gram_max:
-                g = torch.Generator().manual_seed(int(self.setup.seed) * 1_000_003 + int(client_id))
+                g = method_generator("regmean", self.setup.seed, client_id=client_id)
                 idx = idx[torch.randperm(len(idx), generator=g)[: self.gram_max].to(idx.device)]
             if self._worker is None:
                 self._worker = copy.deepcopy(self.setup.model)
@@ -179,8 +180,8 @@ class RegMean(Algorithm):
     def aggregate(self, messages, state, round_idx):
         ref = state["params"]
         dev = next(iter(ref.values())).device
-        p = client_weights(messages, self.weighting)
-        other = client_weights(messages, self.other)
+        p = client_weights([m.num_samples for m in messages], self.weighting, empty_error=NO_CLIENT_DATA)
+        other = client_weights([m.num_samples for m in messages], self.other, empty_error=NO_CLIENT_DATA)
         Ws = [{n: t.to(dev) for n, t in decode_params(m.payload["params"]).items()} for m in messages]
         Gs = [{k: decode_any(v).to(dev) for k, v in m.payload["grams"].items()} for m in messages]
         best, best_acc, trace = None, -float("inf"), []
