@@ -34,6 +34,14 @@ def test_committed_record_is_skipped_on_a_fresh_machine(tmp_path, monkeypatch):
     target = publish_record(path.parent, store)
     assert sorted(p.name for p in target.iterdir()) == ["history.csv", "metrics.json"]   # no weights
     assert publish_record(target, store) is None                     # the store's own copy is not republished
+    committed = (target / "metrics.json").read_bytes()
+    rec = json.loads(path.read_text())
+    write_json_atomic(path, {**rec, "wall_seconds": 12345.0})         # a rerun of the same run id
+    assert publish_record(path.parent, store) == target
+    assert (target / "metrics.json").read_bytes() == committed       # never replaces the committed copy
+    write_json_atomic(target / "metrics.json", {**rec, "status": "failed"})
+    publish_record(path.parent, store)                               # ... but a failed one is replaced
+    assert json.loads((target / "metrics.json").read_text())["wall_seconds"] == 12345.0
     shutil.rmtree(tmp_path / "out")                                  # a fresh clone: no outputs/
     monkeypatch.setenv("FEDBENCH_RECORDS", str(store))
     p = run(SMALL + ["rounds=1"], tmp_path)

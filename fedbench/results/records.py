@@ -185,7 +185,8 @@ def load_record(output_root: Path, run_id: str) -> Dict[str, Any]:
 
 def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path]:
     """Copy a complete run record (``RECORD_FILES``, no weights) into the committed store; returns the target
-    folder, or None when ``run_dir`` holds no complete current record or already is the store's copy."""
+    folder, or None when ``run_dir`` holds no complete current record or already is the store's copy. A complete
+    current record already in the store is kept as it is (only a missing, failed or stale one is replaced)."""
     store = Path(store) if store is not None else records_dir()
     run_dir = Path(run_dir)
     rec = read_record(run_dir / "metrics.json")
@@ -194,6 +195,8 @@ def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path
     target = store / str(rec["run_id"])
     if target.resolve() == run_dir.resolve():
         return None
+    if is_complete(target / "metrics.json", rec["run_id"]):
+        return target           # the committed copy is the provenance of a table: a rerun never replaces it
     for name in RECORD_FILES:
         src = run_dir / name
         if src.is_file():
