@@ -75,7 +75,7 @@ class Centralized(Algorithm):
                              seed=seed, round_idx=round_idx, client_ids=[POOLED_CLIENT], backend=s.backend,
                              conv_strategy=s.conv_strategy, memory_format=s.memory_format, progress=bar)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         info = {"params": params, "steps": result.steps[pos], "train_loss": result.mean_loss[pos]}
         return Message(client_id, len(self.pooled), {}, info)
 

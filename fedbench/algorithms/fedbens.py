@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import method_seed
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.posterior import (DenseGaussian, DiagGaussian, Gaussian, gaussian_from_curvature, KronGaussian,
@@ -337,7 +337,6 @@ class FedBEns(Algorithm):
         self.median = _choice(c, "median", MEDIANS)
         if self.select == "val_accuracy" and self.steps > 0:
             setup.require_server_val("fedbens (select: val_accuracy)")
-        self._worker: Optional[nn.Module] = None
         self._init: Optional[Params] = None
         self.layout = ParamLayout.from_module(setup.model)
 
@@ -366,41 +365,49 @@ class FedBEns(Algorithm):
                                   self.member_init_std)
 
     # --- client: Laplace per member ------------------------------------------------------
-    def _curvature(self, client_id: int, params: Params) -> Dict[str, Any]:
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.setup.model)
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
+    def _curvature(self, worker: nn.Module, client_id: int, params: Params) -> Dict[str, Any]:
         x, y = self.setup.client_data(client_id)
         x = x.to(next(iter(params.values())).dtype)     # data are float32; a float64 model (tests) needs float64
-        curv = compute_curvature(self._worker, x, y, structure=LAPLACE[self.laplace], fisher=self.fisher,
+        curv = compute_curvature(worker, x, y, structure=LAPLACE[self.laplace], fisher=self.fisher,
                                  scale="sum", conv_convention=self.conv_convention,
                                  bias_augment=self.cfg["bias_augment"], batch_size=self.curv_bs)
         return curvature_payload(curv)
 
-    def member_gaussian(self, client_id: int, member: int, params: Params) -> Gaussian:
-        """N(μ, Λ⁻¹) with Λ = G/T + I/σ² (§1.3); the curvature G is cached with the client stage."""
+    def _members(self, client_id: int, params, result=None):
+        """The client's members (its first members_per_client[client] trainings), and their results."""
+        plist = params if isinstance(params, list) else [params]
+        rlist = result if isinstance(result, list) else [result]
+        mc = self.members_per_client[client_id] if self.members_per_client else len(plist)
+        return plist[:mc], rlist[:mc]
+
+    def client_products(self, client_id, params, state, round_idx):
+        """Products ``curvature{m}``: member m's Laplace curvature G (none for a client without data)."""
+        if len(self.setup.client_indices[client_id]) == 0:
+            return []
+        out = []
+        for m, p in enumerate(self._members(client_id, params)[0]):
+            parts = {"member": m, "structure": LAPLACE[self.laplace], "fisher": self.fisher, "scale": "sum",
+                     "conv_convention": self.conv_convention if self.laplace == "kron" else None,
+                     "bias_augment": self.cfg["bias_augment"] if self.laplace == "kron" else None}
+            out.append(ClientProduct("fedbens_curvature", parts, p, label=f"curvature{m}",
+                                     compute=lambda worker, p=p: self._curvature(worker, client_id, p)))
+        return out
+
+    def member_gaussian(self, client_id: int, member: int, params: Params,
+                        curvature: Optional[Dict[str, Any]] = None) -> Gaussian:
+        """N(μ, Λ⁻¹) with Λ = G/T + I/σ² (§1.3), G from the ``curvature{m}`` product (a client with data)."""
         mean = self.layout.flatten({n: params[n] for n in self.layout.names}).detach()
         if len(self.setup.client_indices[client_id]) == 0:   # no data: the prior's precision only
             return DiagGaussian(self.layout, mean, torch.full_like(mean, 1.0 / self.prior_var))
-        parts = {"member": int(member), "structure": LAPLACE[self.laplace], "fisher": self.fisher, "scale": "sum",
-                 "conv_convention": self.conv_convention if self.laplace == "kron" else None,
-                 "bias_augment": self.cfg["bias_augment"] if self.laplace == "kron" else None}
-        payload = self.setup.cached("fedbens_curvature", client_id, parts,
-                                    lambda: self._curvature(client_id, params))
-        curv = curvature_from_payload(payload, self.layout)
+        curv = curvature_from_payload(curvature, self.layout)
         g = gaussian_from_curvature(curv, mean, prior_precision=1.0 / self.prior_var, temperature=self.temperature)
         if self.variance_clamp is not None:
             g = clamp_variances(g, *self.variance_clamp)
         return g
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        plist = params if isinstance(params, list) else [params]
-        rlist = result if isinstance(result, list) else [result]
-        mc = self.members_per_client[client_id] if self.members_per_client else len(plist)
-        plist, rlist = plist[:mc], rlist[:mc]
-        gs = [self.member_gaussian(client_id, m, p) for m, p in enumerate(plist)]
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        plist, rlist = self._members(client_id, params, result)
+        gs = [self.member_gaussian(client_id, m, p, products.get(f"curvature{m}")) for m, p in enumerate(plist)]
         sent = [t for g in gs for _, t in g._precision_values(False)]
         n = len(self.setup.client_indices[client_id])
         losses = [r.mean_loss[pos] for r in rlist]

@@ -19,7 +19,6 @@ code, whose penalty reads a detached ``state_dict()`` and so trains like FedAvg 
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, Optional
 
 import torch
@@ -27,7 +26,7 @@ from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
 from fedbench.algorithms.common import client_weights
-from fedbench.algorithms.fola import FISHER_GRADS, check_keys, choice, nonneg, offline_diag_fisher
+from fedbench.algorithms.fola import FISHER_GRADS, check_keys, choice, nonneg, offline_fisher_product
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 from fedbench.train.terms import QuadraticPriorTerm
@@ -101,7 +100,6 @@ class FedCurv(Algorithm):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise FedbenchError(f"algorithm.fisher.chunk_size must be an integer >= 1, got {chunk!r}")
         self.chunk = chunk
-        self._worker = copy.deepcopy(setup.model) if setup is not None else None
 
     # server
     def init_state(self, params):
@@ -136,10 +134,12 @@ class FedCurv(Algorithm):
         ctx = [original_context(state["sums"], state["fishers"][k], state["anchors"][k]) for k in client_ids]
         return LocalObjective(terms=[OriginalFedCurvTerm(self.lam)], client_ctx=ctx)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        fisher = offline_diag_fisher(self.setup, self._worker, params, client_id, grad=self.fisher_grad,
-                                     normalize="none", chunk_size=self.chunk)
-        fisher = {n: fisher[n].to(params[n].dtype) for n in params}
+    def client_products(self, client_id, params, state, round_idx):
+        return [offline_fisher_product(self.setup, params, client_id, grad=self.fisher_grad, normalize="none",
+                                       chunk_size=self.chunk)]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        fisher = {n: products["fisher"]["fisher"][n].to(params[n].dtype) for n in params}
         n = len(self.setup.client_indices[client_id])
         return Message(client_id, n, {"params": params, "fisher": fisher},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})

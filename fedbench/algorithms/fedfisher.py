@@ -26,7 +26,6 @@ b is built from the decoded factors and weights, so the system is self-consisten
 """
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -34,7 +33,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms import compression as C
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
 from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
                                         integer as cfg_int, number as cfg_num)
@@ -64,23 +63,14 @@ def fisher_name(val):
 # client-side Fisher (cached with the client stage)
 # --------------------------------------------------------------------------------------------------
 class FisherClient:
-    """Computes a client's Fisher at its trained weights on its whole local set (no augmentation),
-    mean over samples (§1.3), through ``setup.cached`` so all aggregators share it."""
+    """Declares a client's Fisher at its trained weights on its whole local set (no augmentation), mean over
+    samples (§1.3), as a client product: the loop computes it and caches it so all aggregators share it."""
 
     def __init__(self, setup, fisher: str = "true", batch_size: int = 64, conv_convention: str = "nngeometry"):
         self.setup = setup
         self.fisher = fisher
         self.batch_size = batch_size
         self.conv_convention = conv_convention
-        self._worker = None
-
-    def _load(self, params: Params):
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.setup.model)
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
-        return self._worker
 
     def _data(self, client_id):
         idx = self.setup.client_indices[client_id]
@@ -98,27 +88,29 @@ class FisherClient:
             p["conv_convention"] = self.conv_convention
         return p
 
-    def diag(self, client_id: int, params: Params, round_idx: int = 1) -> Params:
-        def compute():
+    def diag(self, client_id: int, params: Params, round_idx: int = 1) -> ClientProduct:
+        """Product ``fisher``: {"F": diagonal Fisher per parameter}."""
+        def compute(worker):
             if len(self.setup.client_indices[client_id]) == 0:
                 return {"F": {n: torch.zeros_like(t) for n, t in params.items()}}
             x, y = self._data(client_id)
-            curv = compute_curvature(self._load(params), x, y, structure="diag", fisher=self.fisher, scale="mean",
+            curv = compute_curvature(worker, x, y, structure="diag", fisher=self.fisher, scale="mean",
                                      batch_size=self.batch_size, generator=self._gen(client_id, round_idx))
             return {"F": {n: curv.diag[n].detach().to(params[n].dtype) for n in params}}
-        return self.setup.cached("fedfisher_fisher_diag", client_id, self.parts("diag"), compute)["F"]
+        return ClientProduct("fedfisher_fisher_diag", self.parts("diag"), params, compute, label="fisher")
 
-    def kfac(self, client_id: int, params: Params, round_idx: int = 1) -> Dict[str, Dict[str, Tensor]]:
-        def compute():
+    def kfac(self, client_id: int, params: Params, round_idx: int = 1) -> ClientProduct:
+        """Product ``fisher``: {"blocks": {layer: {"A", "G"}}} K-FAC factors."""
+        def compute(worker):
             if len(self.setup.client_indices[client_id]) == 0:
                 return {"blocks": {s.module: {"A": torch.zeros(s.d_in, s.d_in), "G": torch.zeros(s.d_out, s.d_out)}
                                    for s in kfac_specs(self.setup.model)}}
             x, y = self._data(client_id)
-            curv = compute_curvature(self._load(params), x, y, structure="kfac", fisher=self.fisher, scale="mean",
+            curv = compute_curvature(worker, x, y, structure="kfac", fisher=self.fisher, scale="mean",
                                      conv_convention=self.conv_convention, bias_augment=True,
                                      batch_size=self.batch_size, generator=self._gen(client_id, round_idx))
             return {"blocks": {m: {"A": b.A.detach(), "G": b.G.detach()} for m, b in curv.blocks.items()}}
-        return self.setup.cached("fedfisher_fisher_kfac", client_id, self.parts("kfac"), compute)["blocks"]
+        return ClientProduct("fedfisher_fisher_kfac", self.parts("kfac"), params, compute, label="fisher")
 
 
 class _Spec:
@@ -306,7 +298,10 @@ class _FedFisher(Algorithm):
         return C.levels_for_bits(self.weight_bits) if self.compression else None
 
     # subclass hooks ------------------------------------------------------------------------------
-    def _curvature_payload(self, client_id, params, round_idx) -> Dict[str, Any]:
+    def client_products(self, client_id, params, state, round_idx):
+        return [getattr(self.fisher_client, self.STRUCTURE)(client_id, params, round_idx)]
+
+    def _curvature_payload(self, fisher: Dict[str, Any]) -> Dict[str, Any]:
         raise NotImplementedError
 
     def _operators(self, messages, weights, Ws) -> Tuple[Callable[[Params], Params], Params]:
@@ -314,9 +309,9 @@ class _FedFisher(Algorithm):
         raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------------
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         payload = {"params": encode_params(params, self.weight_levels),
-                   **self._curvature_payload(client_id, params, round_idx)}
+                   **self._curvature_payload(products["fisher"])}
         return Message(client_id, len(self.setup.client_indices[client_id]), payload,
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 
@@ -367,8 +362,8 @@ class FedFisherDiag(_FedFisher):
         super().__init__(cfg, setup)
         self.fisher_bits = C.check_bits("fisher_bits", self.cfg.get("fisher_bits", 16))
 
-    def _curvature_payload(self, client_id, params, round_idx):
-        F = self.fisher_client.diag(client_id, params, round_idx)
+    def _curvature_payload(self, fisher):
+        F = fisher["F"]
         levels = C.levels_for_bits(self.fisher_bits) if self.compression else None
         return {"fisher": encode_params(F, levels)}
 
@@ -411,8 +406,8 @@ class FedFisherKFAC(_FedFisher):
         else:
             raise FedbenchError(f"algorithm.kfac_rank must be 'budget' or a positive integer, got {rank!r}")
 
-    def _curvature_payload(self, client_id, params, round_idx):
-        blocks = self.fisher_client.kfac(client_id, params, round_idx)
+    def _curvature_payload(self, fisher):
+        blocks = fisher["blocks"]
         if not self.compression:
             return {"factors": {m: {"A": f["A"].float(), "G": f["G"].float()} for m, f in blocks.items()}}
         return {"factors": {m: {"A": C.encode_lowrank(f["A"], self.rank, self.factor_levels),

@@ -24,13 +24,12 @@ objective at both (``laplace_objective``, ``fedavg_laplace_objective``) and rank
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
 from fedbench.algorithms.fedfisher import WEIGHTINGS
 from fedbench.algorithms.options import check_keys, choice as cfg_choice, integer as cfg_int, number as cfg_num
@@ -102,21 +101,15 @@ class FedFisherFull(Algorithm):
                                 f"(O(d^2) memory, O(d^3) time); this model has d = {d} trained parameters > "
                                 f"algorithm.max_params = {self.max_params} ({8 * d * d / 2 ** 30:.2f} GiB per "
                                 f"float64 matrix): use a smaller model or raise max_params")
-        self._worker = None
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None   # plain local training: shares FedAvg's cached clients
 
     # --- helpers ---------------------------------------------------------------------------------
-    def _model64(self, params: Params):
-        """A float64 copy of the template holding ``params`` (buffers such as a_r cast along)."""
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.setup.model).double()
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                if n in params:
-                    p.copy_(params[n])
-        return self._worker
+    def _forward64(self, params: Params, x: Tensor) -> Tensor:
+        """The template's output in float64 at ``params`` (its other weights and buffers such as a_r cast along)."""
+        tensors = {**dict(self.setup.model.named_parameters()), **dict(self.setup.model.named_buffers()), **params}
+        return torch.func.functional_call(self.setup.model, {n: t.double() for n, t in tensors.items()}, (x.double(),))
 
     def _flat(self, params: Params) -> Tensor:
         return self.layout.flatten({n: params[n].double() for n in self.layout.names})
@@ -125,32 +118,37 @@ class FedFisherFull(Algorithm):
         out = self.layout.unflatten(w)
         return {n: out[n].to(ref[n].dtype, copy=True) if n in out else ref[n] for n in ref}
 
-    def fisher(self, client_id: int, params: Params) -> Tensor:
-        """The client's full Fisher (= GGN) over the trained parameters, mean over its points, float64 [d, d]."""
-        d = self.layout.numel
-        if len(self.setup.client_indices[client_id]) == 0:
-            return torch.zeros(d, d, dtype=torch.float64, device=self.setup.device)
-        x, y = self.setup.client_data(client_id)
-        curv = compute_curvature(self._model64(params), x.double(), y.double(), structure="full", fisher="true",
-                                 scale="mean", loss="mse")
-        return curv.to_dense().detach()
+    def fisher(self, client_id: int, params: Params) -> ClientProduct:
+        """Product ``fisher``: {"F": the client's full Fisher (= GGN) over the trained parameters, mean over its
+        points, float64 [d, d]}, on the loop's float64 worker; not cached (d x d per client)."""
+        def compute(model64):
+            d = self.layout.numel
+            if len(self.setup.client_indices[client_id]) == 0:
+                return {"F": torch.zeros(d, d, dtype=torch.float64, device=self.setup.device)}
+            x, y = self.setup.client_data(client_id)
+            curv = compute_curvature(model64, x.double(), y.double(), structure="full", fisher="true",
+                                     scale="mean", loss="mse")
+            return {"F": curv.to_dense().detach()}
+        return ClientProduct("fedfisher_full_fisher", None, params, compute, label="fisher", dtype=torch.float64)
 
     def train_loss(self, params: Params) -> float:
         """L(W) = (1/M) Σ_i L_i(W), L_i = mean ½(y − f)² over client i's training points (clients with data)."""
-        model = self._model64(params)
         losses = []
         with torch.no_grad():
             for cid in range(self.setup.num_clients):
                 if len(self.setup.client_indices[cid]) == 0:
                     continue
                 x, y = self.setup.client_data(cid)
-                f = model(x.double())
+                f = self._forward64(params, x)
                 losses.append(float((0.5 * (f.reshape(y.shape) - y.double()) ** 2).mean()))
         return sum(losses) / max(len(losses), 1)
 
     # --- hooks -----------------------------------------------------------------------------------
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        payload = {"params": {n: t.detach() for n, t in params.items()}, "fisher": self.fisher(client_id, params)}
+    def client_products(self, client_id, params, state, round_idx):
+        return [self.fisher(client_id, params)]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        payload = {"params": {n: t.detach() for n, t in params.items()}, "fisher": products["fisher"]["F"]}
         return Message(client_id, len(self.setup.client_indices[client_id]), payload,
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import method_generator
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
 from fedbench.errors import FedbenchError
@@ -280,7 +280,7 @@ class FedLap(Algorithm):
         shared, per = self._base_ctx(state, client_ids)
         return LocalObjective(terms=[fedlap_term], shared_ctx=shared, client_ctx=per)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         v_new = fedlap_dual_update(state["v"][client_id], params, state["params"], self.rho_k(client_id, round_idx))
         return Message(client_id, self.sizes[client_id], {"v": v_new},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos], "params": params})
@@ -303,9 +303,6 @@ class FedLapCov(FedLap):
         self.mc_samples = _int(self.cfg, "mc_samples", 1, minimum=1)
         self.hessian_at = _choice(self.cfg, "hessian_at", "new_local", HESSIAN_AT)
         self.curv_bs = _int(self.cfg, "curvature_batch_size", 256, minimum=1)
-        self._worker = copy.deepcopy(setup.model)
-        for p in self._worker.parameters():
-            p.requires_grad_(True)
 
     def init_state(self, params):
         init = _detach(params)
@@ -331,44 +328,39 @@ class FedLapCov(FedLap):
             return "mse"
         return "bce" if width == 1 else "ce"
 
-    def diag_curvature(self, client_id: int, params: Params, round_idx: int) -> Params:
-        """H_k: per-example diagonal GGN (or the chosen Fisher), SUM over the client's N_k points (§1.5)."""
+    def diag_curvature(self, worker, client_id: int, params: Params, round_idx: int) -> Params:
+        """H_k: per-example diagonal GGN (or the chosen Fisher), SUM over the client's N_k points (§1.5), at
+        ``params`` (which ``worker`` holds)."""
 
         idx = self.setup.client_indices[client_id]
         if len(idx) == 0:
             return _zeros(params)
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
         x, y = self.setup.train.inputs(idx), self.setup.train.targets(idx)
         with torch.no_grad():
-            width = self._worker(x[:1]).shape[-1]
+            width = worker(x[:1]).shape[-1]
         gen = None
         if self.fisher == "mc":   # reproducible per (seed, round, client); a distinct stream from training
             gen = method_generator("fedlap", self.setup.seed, round_idx, client_id)
-        curv = compute_curvature(self._worker, x, y, structure="diag", fisher=self.fisher, scale="sum",
+        curv = compute_curvature(worker, x, y, structure="diag", fisher=self.fisher, scale="sum",
                                  loss=self._loss_kind(width), batch_size=self.curv_bs, mc_samples=self.mc_samples,
                                  generator=gen)
         return {n: curv.diag[n].detach().to(params[n].dtype) for n in params}
 
-    def _cached_curvature(self, client_id: int, at: Params, round_idx: int) -> Params:
-        """H_k, cached beside a cached client stage (round 1) when the setup has a cache."""
-        cached = getattr(self.setup, "cached", None)
-        if cached is None:
-            return self.diag_curvature(client_id, at, round_idx)
-        parts = {"fisher": self.fisher, "mc_samples": self.mc_samples if self.fisher == "mc" else None,
-                 "hessian_at": self.hessian_at, "scale": "sum"}
-        return cached("fedlap_cov_diag_curvature", client_id, parts,
-                      lambda: {"H": self.diag_curvature(client_id, at, round_idx)})["H"]
-
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_products(self, client_id, params, state, round_idx):
+        """Product ``H``: {"H": H_k} at the trained weights, or (hessian_at: previous_local) at App. B's
+        "m_old", the client's most recent weights before this update (round 1: the start)."""
         at = params
         if self.hessian_at == "previous_local":
-            # App. B's "m_old": the client's most recent weights before this update (round 1: the start)
             prev = state.get("w_prev")
             at = prev[client_id] if prev is not None and prev[client_id] is not None else \
                 (state["start"] if state.get("start") is not None else state["params"])
-        H = self._cached_curvature(client_id, at, round_idx)
+        parts = {"fisher": self.fisher, "mc_samples": self.mc_samples if self.fisher == "mc" else None,
+                 "hessian_at": self.hessian_at, "scale": "sum"}
+        return [ClientProduct("fedlap_cov_diag_curvature", parts, at, label="H",
+                              compute=lambda worker: {"H": self.diag_curvature(worker, client_id, at, round_idx)})]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        H = products["H"]["H"]
         v_new, V_new = cov_dual_update(state["v"][client_id], state["V"][client_id], H, params, state["params"],
                                        state["precision"], self.rho_k(client_id, round_idx))
         return Message(client_id, self.sizes[client_id], {"v": v_new, "V": V_new},
@@ -481,8 +473,8 @@ class FedLapFunc(FedLap):
         sign_b = 1.0 if self.client_sign == "minus_a_plus_b" else -1.0
         return LocalObjective(terms=[FuncTerm(self._fmodel, sign_b)], shared_ctx=shared, client_ctx=per)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        msg = super().client_message(client_id, params, result, pos, state, round_idx)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        msg = super().client_message(client_id, params, result, pos, state, round_idx, products)
         own = self.mem_owner == client_id
         if self.mem_x is not None and bool(own.any()):
             with torch.no_grad():

@@ -38,7 +38,6 @@ the solver's model (not the best-of-test one) is carried to the next round.
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from numbers import Real
@@ -47,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message, weighted_average
 from fedbench.algorithms.common import client_weights, method_generator, raw_weights
 from fedbench.curvature.structures import layer_matrix, layer_params
 from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
@@ -319,7 +318,6 @@ class FedLPA(Algorithm):
         if problems:
             raise FedbenchError(f"{self.name} needs every trainable parameter in nn.Linear / nn.Conv2d "
                                 f"(layer-wise K-FAC): {problems[0]}")
-        self._worker = copy.deepcopy(setup.model)
         self.sizes = [len(ix) for ix in setup.client_indices]
 
     # --- client ----------------------------------------------------------------------------------
@@ -333,27 +331,25 @@ class FedLPA(Algorithm):
             return data.normalize(data.augment(data.raw(idx), gen)), data.targets(idx)
         return data.inputs(idx), data.targets(idx)
 
-    def raw_factors(self, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
-        """Undamped dataset-average K-FAC factors {'A': {layer: A}, 'G': {layer: G}} at ``params`` (§1.3 step 2)."""
+    def raw_factors(self, worker, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
+        """Undamped dataset-average K-FAC factors {'A': {layer: A}, 'G': {layer: G}} at ``params`` (which
+        ``worker`` holds, §1.3 step 2)."""
 
         if len(self.setup.client_indices[client_id]) == 0:      # p_k = 0: contributes nothing
             ref = next(iter(params.values()))
             z = lambda n: torch.zeros(n, n, dtype=ref.dtype, device=ref.device)  # noqa: E731
             return {"A": {s.module: z(s.d_in) for s in self.specs}, "G": {s.module: z(s.d_out) for s in self.specs}}
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
         x, y = self._factor_inputs(client_id, round_idx)
         x = x.to(next(iter(params.values())).dtype)           # TrainData yields float32; follow the weights
-        curv = compute_curvature(self._worker, x, y, batch_size=self.curv_bs, **CURVATURE)
+        curv = compute_curvature(worker, x, y, batch_size=self.curv_bs, **CURVATURE)
         return {"A": {s.module: curv.blocks[s.module].A.detach() for s in self.specs},
                 "G": {s.module: curv.blocks[s.module].G.detach() for s in self.specs}}
 
-    def client_factors(self, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
-        """Raw factors, cached beside a cached client stage (before damping, §6 item 3)."""
+    def client_products(self, client_id, params, state, round_idx):
+        """Product ``factors``: the raw factors, cached beside a cached client stage (before damping, §6 item 3)."""
         parts = {**CURVATURE, "factor_data": self.factor_data}
-        return self.setup.cached("fedlpa_kfac", client_id, parts,
-                                 lambda: self.raw_factors(client_id, params, round_idx))
+        return [ClientProduct("fedlpa_kfac", parts, params, label="factors",
+                              compute=lambda worker: self.raw_factors(worker, client_id, params, round_idx))]
 
     def damped(self, A: Tensor, G: Tensor) -> Tuple[Tensor, Tensor]:
         return damp_kfac(A, G, self.lam, self.pi)
@@ -364,8 +360,8 @@ class FedLPA(Algorithm):
     def _unpack(self, v: Tensor) -> Tensor:
         return unpack_sym(v, sym_size(v.numel())) if self.factor_upload == "upper_triangle" else v
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        raw = self.client_factors(client_id, params, round_idx)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        raw = products["factors"]
         A_up, G_up = {}, {}
         for s in self.specs:
             A, G = self.damped(raw["A"][s.module], raw["G"][s.module])
@@ -487,9 +483,12 @@ class FedLPAThenFedAvg(FedLPA):
     def downlink(self, state):
         return {"params": state["params"]}
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_products(self, client_id, params, state, round_idx):
+        return super().client_products(client_id, params, state, round_idx) if round_idx == 1 else []
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         if round_idx == 1:
-            return super().client_message(client_id, params, result, pos, state, round_idx)
+            return super().client_message(client_id, params, result, pos, state, round_idx, products)
         return Message(client_id, self.sizes[client_id], {"params": params},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 

@@ -60,8 +60,11 @@ class FisherMerge(Algorithm):
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        F = self.fisher_client.diag(client_id, params, round_idx)
+    def client_products(self, client_id, params, state, round_idx):
+        return [self.fisher_client.diag(client_id, params, round_idx)]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        F = products["fisher"]["F"]
         wl = C.levels_for_bits(self.weight_bits) if self.compression else None
         fl = C.levels_for_bits(self.fisher_bits) if self.compression else None
         return Message(client_id, len(self.setup.client_indices[client_id]),

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message, weighted_average
 from fedbench.algorithms.common import client_weights
 from fedbench.curvature import OnlineDiagFisher, compute_curvature
 from fedbench.errors import FedbenchError
@@ -142,24 +142,21 @@ def _load(worker: torch.nn.Module, params: Params) -> None:
             p.copy_(params[n])
 
 
+def offline_fisher_product(setup, params: Params, client_id: int, *, grad: str, normalize: str = "none",
+                           chunk_size: int = 256) -> ClientProduct:
+    """Product ``fisher``: {"fisher": ``offline_diag_fisher`` at the trained weights}, cached with the client
+    stage when the round's local training is."""
+    parts = {"grad": grad, "normalize": normalize if grad == "minibatch_sq" else "mean"}
+    return ClientProduct("offline_diag_fisher", parts, params, label="fisher", compute=lambda worker: {
+        "fisher": offline_diag_fisher(setup, worker, params, client_id, grad=grad, normalize=normalize,
+                                      chunk_size=chunk_size)})
+
+
 def offline_diag_fisher(setup, worker: torch.nn.Module, params: Params, client_id: int, *, grad: str,
                         normalize: str = "none", chunk_size: int = 256) -> Params:
     """One pass over the client's data at ``params`` (FOLA-offline / FedCurv, §1.7, §2): per-sample squares
     (the exact diagonal empirical Fisher, mean over samples) or the code's Σ_b (|b|/N) g_b² over minibatches
-    of local.batch_size (``normalize: steps`` averages over the batches instead).
-
-    Cached with the client stage when the round's local training is (``FLSetup.cached``)."""
-    def compute():
-        return {"fisher": _offline_diag_fisher(setup, worker, params, client_id, grad, normalize, chunk_size)}
-
-    cached = getattr(setup, "cached", None)
-    if cached is None:
-        return compute()["fisher"]
-    parts = {"grad": grad, "normalize": normalize if grad == "minibatch_sq" else "mean"}
-    return cached("offline_diag_fisher", client_id, parts, compute)["fisher"]
-
-
-def _offline_diag_fisher(setup, worker, params, client_id, grad, normalize, chunk_size) -> Params:
+    of local.batch_size (``normalize: steps`` averages over the batches instead)."""
     idx = setup.client_indices[client_id]
     n = len(idx)
     _load(worker, params)
@@ -362,14 +359,17 @@ class FOLA(Algorithm):
             hooks = [self._hook]
         return LocalObjective(terms=terms, shared_ctx=shared, step_hooks=hooks)
 
-    def client_fisher(self, client_id, params) -> Params:
-        if self.fisher_mode == "online":
-            return self._hook[client_id].fisher(self.fisher_normalize)
-        return offline_diag_fisher(self.setup, self._worker, params, client_id, grad=self.fisher_grad,
-                                   normalize=self.fisher_normalize, chunk_size=self.chunk)
+    def client_products(self, client_id, params, state, round_idx):
+        if self.fisher_mode == "online":   # accumulated during training (the hook)
+            return []
+        return [offline_fisher_product(self.setup, params, client_id, grad=self.fisher_grad,
+                                       normalize=self.fisher_normalize, chunk_size=self.chunk)]
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        fisher = self.client_fisher(client_id, params)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        if self.fisher_mode == "online":
+            fisher = self._hook[client_id].fisher(self.fisher_normalize)
+        else:
+            fisher = products["fisher"]["fisher"]
         omega = client_precision(fisher, state["precision"], round_idx, self.round_scaling, self.fisher_mode)
         omega = {n: omega[n].to(params[n].dtype) for n in params}
         n = len(self.setup.client_indices[client_id])

@@ -222,7 +222,7 @@ class PFNM(Algorithm):
             raise FedbenchError("pfnm is one-shot (rounds=1): its matched model is wider than the clients' model")
         return state["params"]
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         idx = self.setup.client_indices[client_id]
         y = self.setup.train.y[idx].long().cpu()
         counts = torch.bincount(y, minlength=self.num_classes)[: self.num_classes]

@@ -16,15 +16,14 @@ Every other parameter (convolutions, biases: RegMean merges only Linear weights)
 """
 from __future__ import annotations
 
-import copy
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from fedbench.algorithms import compression as C
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
 from fedbench.algorithms.fedfisher import (WEIGHTINGS, decode_any, decode_params, encode_params,
                                            weighted_sum)
@@ -138,29 +137,24 @@ class RegMean(Algorithm):
             raise FedbenchError(f"algorithm.gram_rank must be 'budget' or a positive integer, got {rank!r}")
         if len(self.alphas) > 1:
             setup.require_server_val(self.name)
-        self._worker: Optional[nn.Module] = None
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None
 
-    def _grams(self, client_id: int, params: Params) -> Dict[str, Tensor]:
-        def compute():
+    def client_products(self, client_id, params, state, round_idx):
+        """Product ``grams``: {"G": {module: the Gram matrix of its inputs}} on (up to gram_max of) the client's data."""
+        def compute(worker):
             idx = self.setup.client_indices[client_id]
             if len(idx) == 0:
                 return {"G": {m: torch.zeros(params[w].shape[1], params[w].shape[1]) for m, w in self.modules.items()}}
             if self.gram_max is not None and len(idx) > self.gram_max:
                 g = method_generator("regmean", self.setup.seed, client_id=client_id)
                 idx = idx[torch.randperm(len(idx), generator=g)[: self.gram_max].to(idx.device)]
-            if self._worker is None:
-                self._worker = copy.deepcopy(self.setup.model)
-            with torch.no_grad():
-                for n, p in self._worker.named_parameters():
-                    p.copy_(params[n])
-            return {"G": compute_grams(self._worker, self.setup.train.inputs(idx), self.modules)}
-        return self.setup.cached("regmean_gram", client_id, {"max_samples": self.gram_max}, compute)["G"]
+            return {"G": compute_grams(worker, self.setup.train.inputs(idx), self.modules)}
+        return [ClientProduct("regmean_gram", {"max_samples": self.gram_max}, params, compute, label="grams")]
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        G = self._grams(client_id, params)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        G = products["grams"]["G"]
         if self.compression:
             grams = {m: C.encode_lowrank(g, self.rank, self.gram_levels) for m, g in G.items()}
             wl = C.levels_for_bits(self.weight_bits)

@@ -35,7 +35,7 @@ class Scaffold(Algorithm):
         ctx = [{"linear": {n: c[n] - state["c_clients"][k][n] for n in c}} for k in client_ids]
         return LocalObjective(terms=[LinearTerm(1.0)], client_ctx=ctx)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         tau = result.steps[pos]
         lr = self.setup.local.lr
         c, ck = state["c"], state["c_clients"][client_id]
