@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
-from fedbench.algorithms.common import client_weights, method_generator
+from fedbench.algorithms.common import client_weights, distill_epoch, method_generator
 from fedbench.algorithms.options import option, read_options
 from fedbench.data.transforms import Augment
 from fedbench.errors import FedbenchError
@@ -375,10 +375,9 @@ class Dense(Algorithm):
                  aug: Optional[Augment], gen_cpu: torch.Generator, hook: Optional[BNStatHook] = None) -> float:
         """One shuffled pass over the whole pool: KL at temperature T into the student."""
         images = pool.images()
-        perm = torch.randperm(images.shape[0], generator=gen_cpu).to(images.device)
         student.train()
-        tot, nb = 0.0, 0
-        for idx in torch.split(perm, self.kd_bs):
+
+        def batch_loss(idx: Tensor) -> Tensor:
             x = images[idx]
             if aug is not None:
                 x = aug(x, gen_cpu)
@@ -387,10 +386,6 @@ class Dense(Algorithm):
                 t_out = teacher_logits(teacher, members, weights, xin)
             if hook is not None:
                 hook.terms = []
-            loss = kd_loss(student(xin), t_out, self.T)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            tot += float(loss.detach())
-            nb += 1
-        return tot / max(nb, 1)
+            return kd_loss(student(xin), t_out, self.T)
+
+        return distill_epoch(images.shape[0], self.kd_bs, gen_cpu, images.device, batch_loss, opt)

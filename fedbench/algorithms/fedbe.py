@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
-from fedbench.algorithms.common import method_generator, method_seed
+from fedbench.algorithms.common import distill_epoch, method_generator, method_seed
 from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 
@@ -284,29 +284,26 @@ class FedBE(Algorithm):
                               weight_decay=self.weight_decay)
         gen = method_generator("fedbe", self.setup.seed, round_idx, tag=2)
         swa = WeightAverage()
-        step, trace = 0, []
+        steps, trace = [0], []
+
+        def batch_loss(idx: Tensor) -> Tensor:
+            if self.swa and self.swa_lr is not None and steps[0] >= self.swa_start:
+                for g in opt.param_groups:   # torchcontrib's swa_lr: a constant lr from swa_start on
+                    g["lr"] = self.swa_lr
+            return kl_to_targets(torch.func.functional_call(model, student, (x[idx],)), targets[idx], self.kl_reduction)
+
+        def after_step() -> None:
+            steps[0] += 1
+            if self.swa and steps[0] > self.swa_start and steps[0] % self.swa_freq == 0:
+                swa.update(student)   # torchcontrib's automatic mode (1-based step counter)
+
         was = model.training
         model.train()   # [code] net.train() while distilling (dropout active where a model has it)
         try:
             for ep in range(self.epochs):
                 t0 = time.perf_counter()
-                perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
-                tot, nb = 0.0, 0
-                for idx in torch.split(perm, self.batch_size):
-                    if self.swa and self.swa_lr is not None and step >= self.swa_start:
-                        for g in opt.param_groups:   # torchcontrib's swa_lr: a constant lr from swa_start on
-                            g["lr"] = self.swa_lr
-                    loss = kl_to_targets(torch.func.functional_call(model, student, (x[idx],)), targets[idx],
-                                         self.kl_reduction)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    step += 1
-                    if self.swa and step > self.swa_start and step % self.swa_freq == 0:
-                        swa.update(student)   # torchcontrib's automatic mode (1-based step counter)
-                    tot += float(loss.detach())
-                    nb += 1
-                trace.append({"round": round_idx, "epoch": ep + 1, "kd_loss": tot / max(nb, 1), "steps": step,
+                loss = distill_epoch(x.shape[0], self.batch_size, gen, x.device, batch_loss, opt, after_step)
+                trace.append({"round": round_idx, "epoch": ep + 1, "kd_loss": loss, "steps": steps[0],
                               "swa_snapshots": swa.n, "seconds": time.perf_counter() - t0})
         finally:
             model.train(was)

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm
-from fedbench.algorithms.common import method_generator
+from fedbench.algorithms.common import distill_epoch, method_generator
 from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import TrainResult, client_generator, epoch_batches
@@ -546,19 +546,16 @@ class FedOV(Algorithm):
                                   weight_decay=self.distill_wd)
         gen = method_generator("fedov", s.seed, round_idx, 0, tag=1)   # tag 1: the server (clients use tag 0)
         student.train()
+
+        def batch_loss(b: Tensor) -> Tensor:
+            out = student(xs[b])
+            if self.distill_targets == "hard":
+                return F.cross_entropy(out, target[b])
+            return -(target[b] * F.log_softmax(out, 1)).sum(1).mean()   # CE to the vote's distribution (KL + const)
+
         trace = []
         for ep in range(self.distill_epochs):
-            t0, tot, nb = time.perf_counter(), 0.0, 0
-            for b in torch.split(torch.randperm(len(xs), generator=gen), self.distill_bs):
-                b = b.to(dev)
-                out = student(xs[b])
-                if self.distill_targets == "hard":
-                    loss = F.cross_entropy(out, target[b])
-                else:   # cross-entropy to the vote's distribution (= KL up to a constant)
-                    loss = -(target[b] * F.log_softmax(out, 1)).sum(1).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                tot, nb = tot + float(loss.detach()), nb + 1
-            trace.append({"epoch": ep + 1, "kd_loss": tot / max(nb, 1), "kd_s": time.perf_counter() - t0})
+            t0 = time.perf_counter()
+            loss = distill_epoch(len(xs), self.distill_bs, gen, dev, batch_loss, opt)
+            trace.append({"epoch": ep + 1, "kd_loss": loss, "kd_s": time.perf_counter() - t0})
         return {n: p.detach().clone() for n, p in student.named_parameters()}, trace
