@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import fedbench.algorithms.fedcurv as fedcurv_mod
 import fedbench.algorithms.fola as fola_mod
 from fedbench.algorithms.base import ALGORITHMS
+from fedbench.curvature.posterior import diag_gaussian_product
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
 from fedbench.train.config import LocalTrainConfig
@@ -54,14 +55,14 @@ def test_product_aggregation_is_closed_form_gaussian_product():
     precs = [{n: torch.rand(s, generator=g) * 2 + 0.1 for n, s in shapes.items()} for _ in range(3)]
     w = [10.0, 30.0, 60.0]
     pi = torch.tensor(w) / 100
-    mu, om = fola_mod.gaussian_product_diag(means, precs, w, eps=0.0)
+    mu, om = diag_gaussian_product(means, precs, w, eps=0.0)
     for n in shapes:
         want_prec = sum(p * q[n] for p, q in zip(pi, precs))
         want_mean = sum(p * q[n] * m[n] for p, q, m in zip(pi, precs, means)) / want_prec
         torch.testing.assert_close(om[n], want_prec)
         torch.testing.assert_close(mu[n], want_mean)
     # scalar case: the product of N(1, 1/1) and N(3, 1/3) with equal weights has mean (1*1+3*3)/(1+3)
-    m2, o2 = fola_mod.gaussian_product_diag([{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0])}],
+    m2, o2 = diag_gaussian_product([{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0])}],
                                             [{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0])}], [1, 1], eps=0.0)
     assert float(m2["a"]) == pytest.approx(2.5) and float(o2["a"]) == pytest.approx(2.0)
 
@@ -69,12 +70,12 @@ def test_product_aggregation_is_closed_form_gaussian_product():
 def test_product_eps_handling():
     means = [{"a": torch.tensor([2.0, 4.0])}, {"a": torch.tensor([6.0, 8.0])}]
     precs = [{"a": torch.tensor([0.0, 1.0])}, {"a": torch.tensor([0.0, 3.0])}]
-    mu, om = fola_mod.gaussian_product_diag(means, precs, [1, 1], eps=1e-5, eps_mode="denominator")
+    mu, om = diag_gaussian_product(means, precs, [1, 1], eps=1e-5, eps_mode="denominator")
     assert float(mu["a"][0]) == 0.0                       # code: zero precision everywhere pulls to 0 (§1.3)
     want = (0.5 * 1 * 4 + 0.5 * 3 * 8) / (0.5 * 1 + 0.5 * 3 + 1e-5)
     assert float(mu["a"][1]) == pytest.approx(want, rel=1e-6)
     assert torch.equal(om["a"], torch.tensor([0.0, 2.0]))  # the stored precision carries no eps
-    mu2, _ = fola_mod.gaussian_product_diag(means, precs, [1, 1], eps=1e-5, eps_mode="per_client")
+    mu2, _ = diag_gaussian_product(means, precs, [1, 1], eps=1e-5, eps_mode="per_client")
     assert float(mu2["a"][0]) == pytest.approx(4.0)        # falls back to the FedAvg average
     assert float(mu2["a"][1]) == pytest.approx((0.5 * 1 * 4 + 0.5 * 3 * 8 + 1e-5 * 6) / (2 + 1e-5), rel=1e-6)
 

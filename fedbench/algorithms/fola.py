@@ -42,6 +42,7 @@ from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_av
 from fedbench.algorithms.common import client_weights
 from fedbench.algorithms.options import option, read_options
 from fedbench.curvature import OnlineDiagFisher, compute_curvature
+from fedbench.curvature.posterior import EPS_MODES, diag_gaussian_product
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective, client_generator, data_loss, epoch_batches
 from fedbench.train.terms import QuadraticPriorTerm
@@ -51,7 +52,6 @@ Params = Dict[str, Tensor]
 PRIOR_GRADS = ("live", "detached_as_released")
 ROUND_SCALINGS = ("paper", "code")
 AGGREGATIONS = ("product", "mean")
-EPS_MODES = ("denominator", "per_client")
 FISHER_MODES = ("online", "offline")
 FISHER_GRADS = ("per_sample_sq", "minibatch_sq")
 FISHER_NORMALIZE = ("steps", "none")
@@ -84,34 +84,7 @@ def loss_kind(setup) -> str:
     return "mse" if getattr(setup, "task", "classification") == "regression" else "auto"
 
 
-# ---- server-side formulas ---------------------------------------------------------------------------
-def gaussian_product_diag(means: Sequence[Params], precisions: Sequence[Params], weights: Sequence[float], *,
-                          eps: float = 1e-5, eps_mode: str = "denominator") -> tuple[Params, Params]:
-    """Weighted product of diagonal Gaussians, Eq. 12: returns (μ_S, ω_S) with ω_S = Σ π_n ω_n and
-    μ_S = Σ π_n ω_n μ_n / (ω_S + ε) ("denominator", FOLA code) or Σ π_n (ω_n + ε) μ_n / (ω_S + ε)
-    ("per_client"). Weights are normalised to sum 1; computed in float64."""
-    if eps_mode not in EPS_MODES:
-        raise FedbenchError(f"agg_eps_mode must be one of {' | '.join(EPS_MODES)}, got {eps_mode!r}")
-    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
-    w = (w / w.sum()).tolist()
-    mean, prec = {}, {}
-    for n in means[0]:
-        dt = means[0][n].dtype
-        num = torch.zeros_like(means[0][n], dtype=torch.float64)
-        den = torch.zeros_like(num)
-        mavg = torch.zeros_like(num)
-        for wi, mu, om in zip(w, means, precisions):
-            o = om[n].double()
-            num.add_(o * mu[n].double(), alpha=wi)
-            den.add_(o, alpha=wi)
-            mavg.add_(mu[n].double(), alpha=wi)
-        if eps_mode == "per_client":
-            num.add_(mavg, alpha=eps)
-        mean[n] = (num / (den + eps)).to(dt)
-        prec[n] = den.to(precisions[0][n].dtype)
-    return mean, prec
-
-
+# ---- server-side formulas (the Gaussian product, Eq. 12, is curvature.posterior.diag_gaussian_product) ----------
 def client_precision(fisher: Params, prior_precision: Params, round_idx: int, round_scaling: str,
                      mode: str) -> Params:
     """ω_n from the round's Fisher: Eq. 24 (paper) or the code's running sum (online) / reset (offline)."""
@@ -361,7 +334,7 @@ class FOLA(Algorithm):
         means = [m.payload["params"] for m in messages]
         precs = [m.payload["precision"] for m in messages]
         if self.aggregation == "product":
-            mu, omega = gaussian_product_diag(means, precs, w, eps=self.eps, eps_mode=self.eps_mode)
+            mu, omega = diag_gaussian_product(means, precs, w, eps=self.eps, eps_mode=self.eps_mode)
         else:
             mu, omega = weighted_average(means, w), weighted_average(precs, w)
         self._hook = None
