@@ -1,4 +1,6 @@
 """FOLA and FedCurv against their closed forms, and the §IV-E softmax-regression study helpers."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
@@ -258,17 +260,36 @@ def test_fola_code_preset_runs_and_uses_running_sum():
 
 
 # ---- FedCurv ---------------------------------------------------------------------------------------------------
+def _fola_code_penalty(params, mean, precision, lam, round_idx, round_factor="inverse_round"):
+    """The penalty FedCurv(fola_code) trains with: its local objective's term at the server state (mean, ω_S)."""
+    setup = SimpleNamespace(num_clients=2, model=nn.Linear(1, 1))
+    algo = _build("fedcurv", {"lambda_prior": lam, "round_factor": round_factor}, setup)
+    obj = algo.local_objective({"params": mean, "precision": precision}, [0], round_idx)
+    assert len(obj.terms) == 1
+    return obj.terms[0](params, obj.shared_ctx)
+
+
+def _original_penalty_reference(params, anchors, fishers, client, lam):
+    """λ Σ_{j≠n} Σ_i F_{j,i} (θ_i − θ̂_{j,i})², the definition (a loop over the other clients)."""
+    out = 0.0
+    for j, (a, f) in enumerate(zip(anchors, fishers)):
+        if j == client or a is None:
+            continue
+        out = out + sum((f[n] * (p - a[n]) ** 2).sum() for n, p in params.items())
+    return lam * out
+
+
 def test_fedcurv_formulas_on_tiny_tensors():
     g = torch.Generator().manual_seed(5)
     shp = {"w": (2, 3), "b": (2,)}
     theta = {n: torch.randn(s, generator=g, requires_grad=True) for n, s in shp.items()}
     mean = {n: torch.randn(s, generator=g) for n, s in shp.items()}
     prec = {n: torch.rand(s, generator=g) for n, s in shp.items()}
-    # code variant: λ·(0.5/r)·Σω(θ-μ)²
-    val = fedcurv_mod.fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4)
+    # code variant: λ·(0.5/r)·Σω(θ-μ)², the term FedCurv's local objective adds in round r
+    val = _fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4)
     want = 10.0 * 0.5 / 4 * sum((prec[n] * (theta[n] - mean[n]) ** 2).sum() for n in shp)
     torch.testing.assert_close(val, want)
-    val1 = fedcurv_mod.fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4, round_factor="none")
+    val1 = _fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4, round_factor="none")
     torch.testing.assert_close(val1, 4 * want)
     # original: λ Σ_{j≠n} Σ F_j (θ - θ̂_j)², via server sums minus own share
     K = 4
@@ -281,7 +302,7 @@ def test_fedcurv_formulas_on_tiny_tensors():
     for k in range(K):
         ctx = fedcurv_mod.original_context(sums, fishers[k], anchors[k])
         got = term(theta, ctx)
-        ref = fedcurv_mod.original_penalty_reference(theta, anchors, fishers, k, 2.0)
+        ref = _original_penalty_reference(theta, anchors, fishers, k, 2.0)
         explicit = 2.0 * sum(sum((fishers[j][n] * (theta[n] - anchors[j][n]) ** 2).sum() for n in shp)
                              for j in range(K) if j != k)
         torch.testing.assert_close(ref, explicit)
@@ -291,7 +312,7 @@ def test_fedcurv_formulas_on_tiny_tensors():
         for a, b in zip(g1, g2):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # the two variants differ on the same inputs
-    code_val = fedcurv_mod.fola_code_penalty(theta, mean, prec, lam=2.0, round_idx=1)
+    code_val = _fola_code_penalty(theta, mean, prec, lam=4.0, round_idx=2)   # = λ 2 at r = 1 (no term in round 1)
     orig_val = term(theta, fedcurv_mod.original_context(sums, fishers[0], anchors[0]))
     assert abs(float(code_val.detach()) - float(orig_val.detach())) > 1e-3
 

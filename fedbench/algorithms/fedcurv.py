@@ -54,23 +54,6 @@ class FedCurvOptions:
     round_factor: str = option(choices=ROUND_FACTORS)
     fisher: FedCurvFisherOptions = option()
 
-def fola_code_penalty(params: Params, mean: Params, precision: Params, lam: float, round_idx: int,
-                      round_factor: str = "inverse_round") -> Tensor:
-    """λ · (0.5/r) · Σ ω_S (θ − μ_S)² (or λ · 0.5 · Σ … with round_factor "none")."""
-    scale = lam / round_idx if round_factor == "inverse_round" else lam
-    return QuadraticPriorTerm(scale)(params, {"prior_mean": mean, "prior_precision": precision})
-
-
-def original_penalty_reference(params: Params, anchors, fishers, client: int, lam: float) -> Tensor:
-    """λ Σ_{j≠n} Σ_i F_{j,i} (θ_i − θ̂_{j,i})², the definition (a loop over the other clients)."""
-    out = 0.0
-    for j, (a, f) in enumerate(zip(anchors, fishers)):
-        if j == client or a is None:
-            continue
-        out = out + sum((f[n] * (p - a[n]) ** 2).sum() for n, p in params.items())
-    return lam * out
-
-
 class OriginalFedCurvTerm:
     """λ Σ (A θ² − 2 B θ) + λ C with ctx['curv_a'], ctx['curv_b'] params-shaped and ctx['curv_c'] a scalar."""
 

@@ -141,11 +141,6 @@ def sym_size(numel: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # the server's linear system, per layer (pure functions; tested against torch.kron)
 # --------------------------------------------------------------------------------------------------
-def kron_op(Gs: Tensor, As: Tensor, p: Tensor, M: Tensor) -> Tensor:
-    """𝒜(M) = Σ_k p_k G_k M A_k.  Gs [K, o, o], As [K, i, i], p [K], M [o, i]."""
-    return KronSystem(Gs, As, p)(M)
-
-
 class KronSystem:
     """One layer's operator 𝒜(M) = Σ_k p_k G_k M A_k, laid out once for two GEMMs per apply.
 

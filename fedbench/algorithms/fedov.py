@@ -246,12 +246,6 @@ def generate_outliers(x: Tensor, gen: torch.Generator, ops: Mapping[str, float] 
     return out
 
 
-def outlier_batch(x: Tensor, num_classes: int, gen: torch.Generator,
-                  ops: Mapping[str, float] = DEFAULT_OPS) -> Tuple[Tensor, Tensor]:
-    """(outliers, labels): the corrupted batch and the unknown label C for every image."""
-    return generate_outliers(x, gen, ops), torch.full((x.shape[0],), num_classes, dtype=torch.long, device=x.device)
-
-
 def enhance_outliers(model: nn.Module, x_raw: Tensor, unknown: int, normalize, steps: int, step_size: float,
                      epsilon: float) -> Tensor:
     """[C] adversarial outlier enhancement: ``steps`` sign-gradient ascent steps on CE(f(x), unknown) in pixel
