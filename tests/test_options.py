@@ -117,3 +117,13 @@ def test_a_field_the_yaml_lacks_is_an_error(monkeypatch):
     monkeypatch.setattr("fedbench.algorithms.options._yaml_defaults", lambda method: {"lr": 0.1})
     with pytest.raises(FedbenchError, match="algorithm.wd is missing"):
         read_options(_Toy, {}, "toy")
+
+
+@pytest.mark.parametrize("method,key", [("fedfisher_kfac", "kfac_rank"), ("regmean", "gram_rank")])
+def test_rank_options_take_budget_or_a_positive_integer(method, key):
+    cls = ALGORITHMS.get(method).Options
+    assert getattr(read_options(cls, {}, method), key) == "budget"
+    assert getattr(read_options(cls, {key: 7}, method), key) == 7
+    for bad in (0, True, "auto", 2.5):
+        with pytest.raises(FedbenchError, match=f"algorithm.{key} must be 'budget' or a positive integer"):
+            read_options(cls, {key: bad}, method)

@@ -70,6 +70,15 @@ def bits_option(key: str, val: Any) -> int:
     return C.check_bits(key, val)
 
 
+def rank_option(key: str, val: Any):
+    """``budget`` (the rank the bit budget allows, computed from the model) or an integer >= 1."""
+    if val == "budget":
+        return val
+    if isinstance(val, int) and not isinstance(val, bool) and val >= 1:
+        return int(val)
+    raise FedbenchError(f"algorithm.{key} must be 'budget' or a positive integer, got {val!r}")
+
+
 def levels_option(key: str, val: Any) -> str:
     if val not in ("code", "paper"):
         raise FedbenchError(f"algorithm.{key} must be code or paper, got {val!r}")
@@ -311,7 +320,7 @@ class FedFisherDiagOptions(FedFisherOptions):
 class FedFisherKFACOptions(FedFisherOptions):
     factor_bits: int = option(check=bits_option)
     factor_levels: str = option(check=levels_option)
-    kfac_rank: Any = option()   # "budget" or an integer >= 1, checked in __init__
+    kfac_rank: Any = option(check=rank_option)
     conv_convention: str = option(choices=CONV_CONVENTIONS)
 
 
@@ -432,14 +441,11 @@ class FedFisherKFAC(_FedFisher):
         self.fisher_client.conv_convention = self.conv_convention
         self.specs = kfac_specs(setup.model)     # one-line error here (before training) for BN etc.
         d = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
-        rank = o.kfac_rank
-        if rank == "budget":
+        if o.kfac_rank == "budget":
             sides = [s for sp in self.specs for s in (sp.d_in, sp.d_out)]
             self.rank = C.budget_rank(d, sides, self.factor_bits)
-        elif isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1:
-            self.rank = int(rank)
         else:
-            raise FedbenchError(f"algorithm.kfac_rank must be 'budget' or a positive integer, got {rank!r}")
+            self.rank = o.kfac_rank
 
     def _curvature_payload(self, client_id, params, round_idx):
         blocks = self.fisher_client.kfac(client_id, params, round_idx)

@@ -28,7 +28,7 @@ from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
 from fedbench.algorithms.fedfisher import (WEIGHTINGS, bits_option, decode_any, decode_params, encode_params,
-                                           levels_option, weighted_sum)
+                                           levels_option, rank_option, weighted_sum)
 from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 
@@ -112,7 +112,7 @@ class RegMeanOptions:
     weight_bits: int = option(check=bits_option)
     gram_bits: int = option(check=bits_option)
     gram_levels: str = option(check=levels_option)
-    gram_rank: Any = option()   # "budget" or an integer >= 1, checked in __init__
+    gram_rank: Any = option(check=rank_option)
     pinv_rtol: float = option(nonneg=True)
 
 
@@ -131,16 +131,13 @@ class RegMean(Algorithm):
         self.modules = linear_weights(setup.model)
         if not self.modules:
             raise FedbenchError("regmean needs at least one trainable nn.Linear layer in the model")
-        rank = o.gram_rank
-        if rank == "budget":
+        if o.gram_rank == "budget":
             d = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
             params = dict(setup.model.named_parameters())
             sides = [params[w].shape[1] for w in self.modules.values()]
             self.rank = C.budget_rank(d, sides, self.gram_bits)
-        elif isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1:
-            self.rank = int(rank)
         else:
-            raise FedbenchError(f"algorithm.gram_rank must be 'budget' or a positive integer, got {rank!r}")
+            self.rank = o.gram_rank
         if len(self.alphas) > 1:
             setup.require_server_val(self.name)
         self._worker: Optional[nn.Module] = None
