@@ -324,7 +324,7 @@ def test_members_per_client_and_uplink():
     ({"select": "best"}, "algorithm.select"),
     ({"temperature": 0}, "temperature"),
     ({"variance_clamp": [1.0, 0.5]}, "variance_clamp"),
-    ({"lr": 0.1}, "unknown fedbens option"),
+    ({"lr": 0.1}, "unknown algorithm key"),
 ])
 def test_bad_config_one_line(cfg, needle):
     with pytest.raises(FedbenchError, match=needle) as e:

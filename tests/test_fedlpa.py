@@ -55,11 +55,11 @@ def test_kron_op_and_column_vec_convention():
     Gs, As, Ms, p = _problem()
     Kd, rhs, _ = _dense(Gs, As, Ms, p)
     M = Ms[0]
-    assert torch.allclose(fl.kron_op(Gs, As, p, M).flatten(), Kd @ M.flatten(), rtol=0, atol=1e-12)
+    assert torch.allclose(fl.KronSystem(Gs, As, p)(M).flatten(), Kd @ M.flatten(), rtol=0, atol=1e-12)
     # the paper's form: (A ⊗ G) vec(M) with column-stacked vec
     vec = lambda X: X.T.reshape(-1)  # noqa: E731
     Kcol = sum(p[k] * torch.kron(As[k], Gs[k]) for k in range(3))
-    assert torch.allclose(vec(fl.kron_op(Gs, As, p, M)), Kcol @ vec(M), rtol=0, atol=1e-12)
+    assert torch.allclose(vec(fl.KronSystem(Gs, As, p)(M)), Kcol @ vec(M), rtol=0, atol=1e-12)
 
 
 def test_ea_cg_gd_against_dense():

@@ -65,6 +65,8 @@ class Algorithm:
     """Base class; ``setup`` is the run's ``fedbench.fl.loop.FLSetup`` (model, data, clients, device)."""
 
     name: ClassVar[str] = "base"
+    # the method's options: a frozen dataclass read with ``options.read_options`` (defaults: conf/algorithm/<name>.yaml)
+    Options: ClassVar[Optional[type]] = None
 
     def __init__(self, cfg: Mapping[str, Any], setup):
         self.cfg = dict(cfg)

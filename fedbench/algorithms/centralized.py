@@ -13,13 +13,14 @@ message's ``info``. With one client it is FedAvg (same data order, same weights;
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.options import check_keys
+from fedbench.algorithms.options import read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective, train_clients
 
@@ -47,13 +48,19 @@ class _ScaledProgress:
         self.bar.update(n * self.k)
 
 
+@dataclass(frozen=True)
+class CentralizedOptions:
+    """No options."""
+
+
 @ALGORITHMS.register("centralized")
 class Centralized(Algorithm):
     name = "centralized"
+    Options = CentralizedOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, (), self.name)
+        read_options(self.Options, cfg, self.name)
         self.pooled = pooled_indices(setup.client_indices)
         if len(self.pooled) == 0:
             raise FedbenchError("centralized: the clients hold no training data")

@@ -27,6 +27,7 @@ b is built from the decoded factors and weights, so the system is self-consisten
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -35,8 +36,7 @@ from torch import Tensor
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
-                                        integer as cfg_int, number as cfg_num)
+from fedbench.algorithms.options import choice as cfg_choice, option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.curvature import compute_curvature, CONV_CONVENTIONS
 from fedbench.curvature.structures import KronBlock
@@ -57,6 +57,31 @@ WEIGHTINGS = ("num_samples", "uniform")
 def fisher_name(val):
     """YAML / Hydra read a bare ``true`` as a boolean: it means the true Fisher."""
     return "true" if val is True else val
+
+
+def fisher_option(key: str, val: Any) -> str:
+    """The ``fisher`` option (a bare YAML ``true`` = the true Fisher)."""
+    return cfg_choice({key: fisher_name(val)}, key, None, FISHERS)
+
+
+def bits_option(key: str, val: Any) -> int:
+    """A quantisation bit width, 2..32."""
+    return C.check_bits(key, val)
+
+
+def rank_option(key: str, val: Any):
+    """``budget`` (the rank the bit budget allows, computed from the model) or an integer >= 1."""
+    if val == "budget":
+        return val
+    if isinstance(val, int) and not isinstance(val, bool) and val >= 1:
+        return int(val)
+    raise FedbenchError(f"algorithm.{key} must be 'budget' or a positive integer, got {val!r}")
+
+
+def levels_option(key: str, val: Any) -> str:
+    if val not in ("code", "paper"):
+        raise FedbenchError(f"algorithm.{key} must be code or paper, got {val!r}")
+    return val
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,33 +284,52 @@ def _run_steps(grad, w, optimizer, steps, lr, beta1, beta2, eps, eps_inside_sqrt
 # --------------------------------------------------------------------------------------------------
 # FedFisher
 # --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FedFisherOptions:
+    fisher: str = option(check=fisher_option)
+    weighting: str = option(choices=WEIGHTINGS)
+    server_optimizer: str = option(choices=OPTIMIZERS)
+    steps: int = option(minimum=0)
+    lr: float = option(positive=True)
+    beta1: float = option(nonneg=True)
+    beta2: float = option(nonneg=True)
+    eps: float = option(positive=True)
+    eps_inside_sqrt: bool = option()
+    eval_every: int = option(minimum=1)
+    select: str = option(choices=SELECTS)
+    gd_lr: Optional[float] = option(positive=True)
+    compression: bool = option()
+    weight_bits: int = option(check=bits_option)
+    curvature_batch_size: int = option(minimum=1)
+
+
+@dataclass(frozen=True)
+class FedFisherDiagOptions(FedFisherOptions):
+    fisher_bits: int = option(check=bits_option)
+
+
+@dataclass(frozen=True)
+class FedFisherKFACOptions(FedFisherOptions):
+    factor_bits: int = option(check=bits_option)
+    factor_levels: str = option(check=levels_option)
+    kfac_rank: Any = option(check=rank_option)
+    conv_convention: str = option(choices=CONV_CONVENTIONS)
+
+
 class _FedFisher(Algorithm):
     STRUCTURE = ""
-    EPS_INSIDE_DEFAULT = False
-    KEYS = ("fisher", "weighting", "server_optimizer", "steps", "lr", "beta1", "beta2", "eps", "eps_inside_sqrt",
-            "eval_every", "select", "gd_lr", "compression", "weight_bits", "curvature_batch_size")
+    Options = None   # each concrete class: its options dataclass
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, self.KEYS, self.name)
-        c = self.cfg
-        self.fisher = cfg_choice({**c, "fisher": fisher_name(c.get("fisher", "true"))}, "fisher", "true", FISHERS)
-        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
-        self.optimizer = cfg_choice(c, "server_optimizer", "adam_code", OPTIMIZERS)
-        self.steps = cfg_int(c, "steps", 2000, minimum=0)
-        self.lr = cfg_num(c, "lr", 0.01, positive=True)
-        self.beta1 = cfg_num(c, "beta1", 0.9, nonneg=True)
-        self.beta2 = cfg_num(c, "beta2", 0.99, nonneg=True)
+        o = self.opts = read_options(self.Options, cfg, self.name)
+        self.fisher, self.weighting, self.optimizer = o.fisher, o.weighting, o.server_optimizer
+        self.steps, self.lr, self.beta1, self.beta2 = o.steps, o.lr, o.beta1, o.beta2
         if self.optimizer == "adam_torch" and not (self.beta1 < 1 and self.beta2 < 1):
             raise FedbenchError("algorithm.beta1 and beta2 must be < 1 for server_optimizer adam_torch")
-        self.eps = cfg_num(c, "eps", 0.01, positive=True)
-        self.eps_inside_sqrt = cfg_bool(c, "eps_inside_sqrt", self.EPS_INSIDE_DEFAULT)
-        self.eval_every = cfg_int(c, "eval_every", 100, minimum=1)
-        self.select = cfg_choice(c, "select", "val_accuracy", SELECTS)
-        self.gd_lr = cfg_num(c, "gd_lr", None, positive=True, allow_none=True)
-        self.compression = cfg_bool(c, "compression", True)
-        self.weight_bits = C.check_bits("weight_bits", c.get("weight_bits", 16))
-        self.curv_bs = cfg_int(c, "curvature_batch_size", 64, minimum=1)
+        self.eps, self.eps_inside_sqrt, self.eval_every = o.eps, o.eps_inside_sqrt, o.eval_every
+        self.select, self.gd_lr, self.compression = o.select, o.gd_lr, o.compression
+        self.weight_bits, self.curv_bs = o.weight_bits, o.curvature_batch_size
         if self.select == "val_accuracy":
             setup.require_server_val(self.name)
         self.fisher_client = FisherClient(setup, self.fisher, self.curv_bs)
@@ -355,12 +399,11 @@ class FedFisherDiag(_FedFisher):
 
     name = "fedfisher_diag"
     STRUCTURE = "diag"
-    EPS_INSIDE_DEFAULT = False
-    KEYS = _FedFisher.KEYS + ("fisher_bits",)
+    Options = FedFisherDiagOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.fisher_bits = C.check_bits("fisher_bits", self.cfg.get("fisher_bits", 16))
+        self.fisher_bits = self.opts.fisher_bits
 
     def _curvature_payload(self, fisher):
         F = fisher["F"]
@@ -381,30 +424,23 @@ class FedFisherKFAC(_FedFisher):
 
     name = "fedfisher_kfac"
     STRUCTURE = "kfac"
-    EPS_INSIDE_DEFAULT = True
-    KEYS = _FedFisher.KEYS + ("factor_bits", "factor_levels", "kfac_rank", "conv_convention")
+    Options = FedFisherKFACOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        self.factor_bits = C.check_bits("factor_bits", c.get("factor_bits", 8))
-        fl = c.get("factor_levels", "code")
-        if fl not in ("code", "paper"):
-            raise FedbenchError(f"algorithm.factor_levels must be code or paper, got {fl!r}")
+        o = self.opts
+        self.factor_bits, fl = o.factor_bits, o.factor_levels
         # code: quantize(·, bits) = 2^bits − 1 levels (sent with bits + 1 bits); paper: l_q = 2^(bits−1) − 1
         self.factor_levels = 2 ** self.factor_bits - 1 if fl == "code" else C.levels_for_bits(self.factor_bits)
-        self.conv_convention = cfg_choice(c, "conv_convention", "nngeometry", CONV_CONVENTIONS)
+        self.conv_convention = o.conv_convention
         self.fisher_client.conv_convention = self.conv_convention
         self.specs = kfac_specs(setup.model)     # one-line error here (before training) for BN etc.
         d = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
-        rank = c.get("kfac_rank", "budget")
-        if rank == "budget":
+        if o.kfac_rank == "budget":
             sides = [s for sp in self.specs for s in (sp.d_in, sp.d_out)]
             self.rank = C.budget_rank(d, sides, self.factor_bits)
-        elif isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1:
-            self.rank = int(rank)
         else:
-            raise FedbenchError(f"algorithm.kfac_rank must be 'budget' or a positive integer, got {rank!r}")
+            self.rank = o.kfac_rank
 
     def _curvature_payload(self, fisher):
         blocks = fisher["blocks"]

@@ -24,6 +24,7 @@ objective at both (``laplace_objective``, ``fedavg_laplace_objective``) and rank
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -32,14 +33,13 @@ from torch import Tensor
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
 from fedbench.algorithms.fedfisher import WEIGHTINGS
-from fedbench.algorithms.options import check_keys, choice as cfg_choice, integer as cfg_int, number as cfg_num
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature import compute_curvature
 
 Params = Dict[str, Tensor]
 SERVERS = ("closed_form", "gd")
-KEYS = ("server", "server_lr", "server_steps", "pinv_rtol", "weighting", "max_params")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,20 +76,26 @@ def laplace_objective(w: Tensor, Fs: Sequence[Tensor], Ws: Sequence[Tensor], p: 
 # --------------------------------------------------------------------------------------------------
 # the method
 # --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FedFisherFullOptions:
+    server: str = option(choices=SERVERS)
+    server_lr: float = option(positive=True)
+    server_steps: int = option(minimum=0)
+    pinv_rtol: Optional[float] = option(nonneg=True)
+    weighting: str = option(choices=WEIGHTINGS)
+    max_params: int = option(minimum=1)
+
+
 @ALGORITHMS.register("fedfisher_full")
 class FedFisherFull(Algorithm):
     name = "fedfisher_full"
+    Options = FedFisherFullOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, KEYS, self.name)
-        c = self.cfg
-        self.server = cfg_choice(c, "server", "gd", SERVERS)
-        self.server_lr = cfg_num(c, "server_lr", 0.001, positive=True)
-        self.server_steps = cfg_int(c, "server_steps", 10000, minimum=0)
-        self.rtol = cfg_num(c, "pinv_rtol", None, nonneg=True, allow_none=True)
-        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
-        self.max_params = cfg_int(c, "max_params", 8192, minimum=1)
+        o = read_options(self.Options, cfg, self.name)
+        self.server, self.server_lr, self.server_steps = o.server, o.server_lr, o.server_steps
+        self.rtol, self.weighting, self.max_params = o.pinv_rtol, o.weighting, o.max_params
         if setup.task != "regression":
             raise FedbenchError(f"fedfisher_full needs a regression data set (its Fisher is the Gaussian-likelihood "
                                 f"Gauss-Newton matrix and it records the ½(y − f)² training loss, fedfisher.md §1.8); "

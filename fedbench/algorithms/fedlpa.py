@@ -49,7 +49,7 @@ from torch import Tensor
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message, weighted_average
 from fedbench.algorithms.common import client_weights, method_generator, raw_weights
 from fedbench.curvature.structures import layer_matrix, layer_params
-from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 from fedbench.curvature.engine import find_layers
@@ -140,11 +140,6 @@ def sym_size(numel: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # the server's linear system, per layer (pure functions; tested against torch.kron)
 # --------------------------------------------------------------------------------------------------
-def kron_op(Gs: Tensor, As: Tensor, p: Tensor, M: Tensor) -> Tensor:
-    """𝒜(M) = Σ_k p_k G_k M A_k.  Gs [K, o, o], As [K, i, i], p [K], M [o, i]."""
-    return KronSystem(Gs, As, p)(M)
-
-
 class KronSystem:
     """One layer's operator 𝒜(M) = Σ_k p_k G_k M A_k, laid out once for two GEMMs per apply.
 
@@ -264,8 +259,7 @@ class PosteriorTerm:
 # --------------------------------------------------------------------------------------------------
 # config helpers (one-line FedbenchError)
 # --------------------------------------------------------------------------------------------------
-def _pi(cfg):
-    val = cfg.get("pi", "one")
+def _pi(key: str, val: Any):
     if isinstance(val, str):
         if val not in PI_RULES:
             raise FedbenchError(f"algorithm.pi must be one of {', '.join(PI_RULES)} or a positive number, got {val!r}")
@@ -273,6 +267,30 @@ def _pi(cfg):
     if isinstance(val, bool) or not isinstance(val, Real) or not (math.isfinite(float(val)) and float(val) > 0):
         raise FedbenchError(f"algorithm.pi must be one of {', '.join(PI_RULES)} or a positive number, got {val!r}")
     return float(val)
+
+
+@dataclass(frozen=True)
+class FedLPARoundOneOptions:
+    """The keys of the one-shot aggregation (``fedlpa_then_fedavg`` has only these)."""
+    damping: float = option(nonneg=True)
+    pi: Any = option(check=_pi)
+    weighting: str = option(choices=WEIGHTINGS)
+    solver: str = option(choices=SOLVERS)
+    gd_steps: int = option(minimum=0)
+    gd_lr: float = option(positive=True)
+    cg_tol: float = option(positive=True)
+    cg_max_iters: int = option(minimum=1)
+    cg_precondition: str = option(choices=CG_PRECONDITIONERS)
+    report: str = option(choices=REPORTS)
+    factor_upload: str = option(choices=FACTOR_UPLOADS)
+    factor_data: str = option(choices=FACTOR_DATA)
+    server_dtype: str = option(choices=SERVER_DTYPES)
+    curvature_batch_size: int = option(minimum=1)
+
+
+@dataclass(frozen=True)
+class FedLPAOptions(FedLPARoundOneOptions):
+    posterior_eta: float = option(nonneg=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -283,30 +301,17 @@ class FedLPA(Algorithm):
     """FedLPA (§1.3–1.5). Config keys: see conf/algorithm/fedlpa.yaml."""
 
     name = "fedlpa"
-    KEYS = ("damping", "pi", "weighting", "solver", "gd_steps", "gd_lr", "cg_tol", "cg_max_iters",
-            "cg_precondition", "report", "factor_upload", "factor_data", "server_dtype",
-            "curvature_batch_size", "posterior_eta")
+    Options = FedLPAOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        unknown = sorted(set(self.cfg) - set(self.KEYS) - {"name"})
-        if unknown:
-            raise FedbenchError(f"unknown algorithm key(s) {unknown} for {self.name}; known: {sorted(self.KEYS)}")
-        self.lam = _num(self.cfg, "damping", 1e-3, nonneg=True)
-        self.pi = _pi(self.cfg)
-        self.weighting = _choice(self.cfg, "weighting", "num_samples", WEIGHTINGS)
-        self.solver = _choice(self.cfg, "solver", "gd", SOLVERS)
-        self.gd_steps = _int(self.cfg, "gd_steps", 10_000, minimum=0)
-        self.gd_lr = _num(self.cfg, "gd_lr", 1.0, positive=True)
-        self.cg_tol = _num(self.cfg, "cg_tol", 1e-8, positive=True)
-        self.cg_max_iters = _int(self.cfg, "cg_max_iters", 1000, minimum=1)
-        self.cg_precondition = _choice(self.cfg, "cg_precondition", "ea", CG_PRECONDITIONERS)
-        self.report = _choice(self.cfg, "report", "solver", REPORTS)
-        self.factor_upload = _choice(self.cfg, "factor_upload", "upper_triangle", FACTOR_UPLOADS)
-        self.factor_data = _choice(self.cfg, "factor_data", "clean", FACTOR_DATA)
-        self.server_dtype = getattr(torch, _choice(self.cfg, "server_dtype", "float64", SERVER_DTYPES))
-        self.curv_bs = _int(self.cfg, "curvature_batch_size", 256, minimum=1)
-        self.eta = _num(self.cfg, "posterior_eta", 1.0, nonneg=True)
+        o = read_options(self.Options, cfg, self.name)
+        self.lam, self.pi, self.weighting, self.solver = o.damping, o.pi, o.weighting, o.solver
+        self.gd_steps, self.gd_lr, self.cg_tol, self.cg_max_iters = o.gd_steps, o.gd_lr, o.cg_tol, o.cg_max_iters
+        self.cg_precondition, self.report, self.factor_upload = o.cg_precondition, o.report, o.factor_upload
+        self.factor_data, self.server_dtype = o.factor_data, getattr(torch, o.server_dtype)
+        self.curv_bs = o.curvature_batch_size
+        self.eta = getattr(o, "posterior_eta", 0.0)   # fedlpa_then_fedavg: no posterior term, no such option
         if self.report == "best_of_ea_gd_on_test":
             if self.solver != "gd":
                 raise FedbenchError(f"algorithm.report=best_of_ea_gd_on_test picks between EA and GD; "
@@ -476,6 +481,7 @@ class FedLPAThenFedAvg(FedLPA):
     rounds (plain local training from the global model, p_k-weighted averaging, weights-only uplink)."""
 
     name = "fedlpa_then_fedavg"
+    Options = FedLPARoundOneOptions
 
     def local_objective(self, state, client_ids, round_idx):
         return LocalObjective()
