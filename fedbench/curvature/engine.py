@@ -91,18 +91,48 @@ def _conv_pad(mod: nn.Conv2d, x: Tensor) -> Tensor:
     return F.pad(x, (pw, pw, ph, ph)) if (ph or pw) else x
 
 
-def conv_patches(mod: nn.Conv2d, a: Tensor) -> Tensor:
-    """Unfolded convolution input, [N, J, S] contiguous (J = C_in·kh·kw in the order of
-    ``weight.reshape(C_out, -1)``, S = H_out·W_out locations; ``F.unfold``'s layout), built from one
-    strided view and one copy (several times faster than ``F.unfold`` on CPU)."""
+def _patch_view(mod: nn.Conv2d, a: Tensor) -> Tensor:
+    """Strided view [N, C_in, kh, kw, H_out, W_out] of the padded input: no copy."""
     a = _conv_pad(mod, a).contiguous()
     N, C, H, W = a.shape
     (kh, kw), (sh, sw), (dh, dw) = mod.kernel_size, mod.stride, mod.dilation
     Ho = (H - dh * (kh - 1) - 1) // sh + 1
     Wo = (W - dw * (kw - 1) - 1) // sw + 1
     sN, sC, sH, sW = a.stride()
-    view = a.as_strided((N, C, kh, kw, Ho, Wo), (sN, sC, sH * dh, sW * dw, sH * sh, sW * sw))
-    return view.reshape(N, C * kh * kw, Ho * Wo)
+    return a.as_strided((N, C, kh, kw, Ho, Wo), (sN, sC, sH * dh, sW * dw, sH * sh, sW * sw))
+
+
+def conv_patches(mod: nn.Conv2d, a: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """Unfolded convolution input, [N, J, S] contiguous (J = C_in·kh·kw in the order of
+    ``weight.reshape(C_out, -1)``, S = H_out·W_out locations; ``F.unfold``'s layout), built from one
+    strided view and one copy (several times faster than ``F.unfold`` on CPU), into ``out`` if given."""
+    view = _patch_view(mod, a)
+    N, C, kh, kw, Ho, Wo = view.shape
+    if out is None:
+        return view.reshape(N, C * kh * kw, Ho * Wo)
+    out.view(view.shape).copy_(view)
+    return out
+
+
+def conv_patches_flat(mod: nn.Conv2d, a: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """The patches as one matrix [J, N·S] (= ``conv_patches(..).transpose(0, 1).reshape(J, N·S)``, same values
+    and layout), copied straight from the strided view (one copy instead of two)."""
+    view = _patch_view(mod, a).permute(1, 2, 3, 0, 4, 5)
+    C, kh, kw, N, Ho, Wo = view.shape
+    if out is None:
+        return view.reshape(C * kh * kw, N * Ho * Wo)
+    out.view(view.shape).copy_(view)
+    return out
+
+
+def patch_shape(layer: "Layer", a: Tensor) -> Tuple[int, int, int]:
+    """(N, J, S) of ``input_patches(layer, a)`` without building them."""
+    if layer.is_conv:
+        N, C, kh, kw, Ho, Wo = _patch_view(layer.module, a).shape
+        return N, C * kh * kw, Ho * Wo
+    if a.dim() == 2:
+        return a.shape[0], a.shape[1], 1
+    return a.shape[0], a.shape[-1], a[0, ..., 0].numel()
 
 
 def input_patches(layer: Layer, a: Tensor) -> Tensor:
@@ -162,6 +192,46 @@ class _Capture:
                                     "use curvature backend 'func'")
 
 
+class Patches:
+    """Each layer's input as patches for one chunk, built on first use (a consumer that needs only the
+    [J, N·S] matrix never pays for the [N, J, S] copy), in buffers reused across chunks: on a CPU a large
+    fresh allocation is page-faulted on every chunk, which costs about as much as the copy itself."""
+
+    def __init__(self, layers: Sequence[Layer]):
+        self.layers = {l.name: l for l in layers}
+        self._inputs: Dict[str, Tensor] = {}
+        self._made: Dict[tuple, Tensor] = {}
+        self._buffers: Dict[tuple, Tensor] = {}
+
+    def new_chunk(self, inputs: Dict[str, Tensor]) -> None:
+        self._inputs = inputs
+        self._made = {}
+
+    def shape(self, name: str) -> Tuple[int, int, int]:
+        return patch_shape(self.layers[name], self._inputs[name])
+
+    def __getitem__(self, name: str) -> Tensor:
+        """[N, J, S] (contiguous for conv layers; a view of the input for Linear layers)."""
+        layer = self.layers[name]
+        if not layer.is_conv:
+            return input_patches(layer, self._inputs[name])
+        return self._make("njs", name, self.shape(name), conv_patches)
+
+    def flat(self, name: str) -> Tensor:
+        """[J, N·S] contiguous (conv layers only)."""
+        N, J, S = self.shape(name)
+        return self._make("flat", name, (J, N * S), conv_patches_flat)
+
+    def _make(self, role: str, name: str, shape: tuple, build) -> Tensor:
+        if (role, name) not in self._made:
+            a = self._inputs[name]
+            key = (role, name, shape, a.dtype, a.device)
+            if key not in self._buffers:
+                self._buffers[key] = a.new_empty(shape)
+            self._made[role, name] = build(self.layers[name].module, a, self._buffers[key])
+        return self._made[role, name]
+
+
 def chunks(n: int, size: int):
     for s in range(0, n, size):
         yield slice(s, min(n, s + size))
@@ -171,11 +241,12 @@ def chunks(n: int, size: int):
 # hooks engine
 # ---------------------------------------------------------------------------------------------
 class HooksConsumer:
-    """Receives, per chunk: the layer inputs as patches P [N, J, S], then, per column k of V, the
-    output gradients D [N, O, S] of every layer (per-sample weight gradient = D Pᵀ)."""
+    """Receives, per chunk: the layer inputs as ``Patches`` (``patches[name]`` = P [N, J, S], built on
+    first use), then, per column k of V, the output gradients D [N, O, S] of every layer (per-sample weight
+    gradient = D Pᵀ)."""
 
-    def start(self, patches: Dict[str, Tensor], n: int) -> None: ...
-    def grad(self, layer: Layer, k: int, D: Tensor, P: Tensor) -> None: ...
+    def start(self, patches: Patches, n: int) -> None: ...
+    def grad(self, layer: Layer, k: int, D: Tensor, patches: Patches) -> None: ...
     def column_done(self, k: int) -> None: ...
     def end(self) -> None: ...
 
@@ -185,6 +256,7 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
               generator: Optional[torch.Generator]) -> List[str]:
     """Drive ``consumer`` over the data; returns the layers' execution order."""
     order: List[str] = []
+    patches = Patches(layers)
     for sl in chunks(x.shape[0], batch_size):
         xb = x[sl]
         with torch.enable_grad(), _Capture(layers) as cap:
@@ -197,7 +269,7 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
         order = list(cap.order)
         yb = lik.prepare_targets(kind, out, y[sl])
         V = lik.output_vectors(kind, fisher, out, yb, mc_samples=mc_samples, generator=generator)
-        patches = {l.name: input_patches(l, cap.inputs[l.name]) for l in layers}
+        patches.new_chunk({l.name: cap.inputs[l.name] for l in layers})
         consumer.start(patches, xb.shape[0])
         outs = [cap.outputs[l.name] for l in layers]
         K = V.shape[-1]
@@ -207,7 +279,7 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
             for l, g in zip(layers, grads):
                 if g is None:
                     g = torch.zeros_like(cap.outputs[l.name])
-                consumer.grad(l, k, output_locations(l, g), patches[l.name])
+                consumer.grad(l, k, output_locations(l, g), patches)
             consumer.column_done(k)
         del out, outs, cap, grads
         consumer.end()
@@ -247,7 +319,7 @@ class DiagHooks(HooksConsumer):
         self._cols = {}
         self._patches = patches
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         if D.shape[2] == 1:               # no weight sharing: g = δ aᵀ, so Σ_k g² = (Σ_k δ²)(a²)ᵀ
             d = D[:, :, 0]
             _acc(self._sq, layer.name, d * d)
@@ -256,7 +328,7 @@ class DiagHooks(HooksConsumer):
             cols = self._cols.setdefault(layer.name, [])
             cols.append(D)
             N, O, S = D.shape
-            if (len(cols) + 1) * N * O * max(S, P.shape[1]) > self.group_values:
+            if (len(cols) + 1) * N * O * max(S, patches.shape(layer.name)[1]) > self.group_values:
                 self._square_columns(layer, cols)
                 cols.clear()
         if layer.bias is not None:
@@ -334,8 +406,11 @@ class KFACHooks(HooksConsumer):
 
     def start(self, patches, n):
         for l in self.layers:
-            P = patches[l.name]
-            N, J, S = P.shape
+            N, J, S = patches.shape(l.name)
+            # P [N, J, S] is not built when only the [J, N·S] matrix is used; the bias sums keep their
+            # P.sum((0, 2)) (no other reduction of the same numbers reproduces its bits)
+            need_P = S == 1 or J <= 64 or self.convention == "reduce" or l.bias is not None
+            P = patches[l.name] if need_P else None
             self.S[l.name] = S
             if self.convention == "reduce" or S == 1:
                 a = P.mean(2) if S > 1 else P[:, :, 0]
@@ -347,7 +422,7 @@ class KFACHooks(HooksConsumer):
                 if J <= 64:      # small J: batched Σ_n P_n P_nᵀ beats a copy + one GEMM
                     aa = torch.bmm(P, P.transpose(1, 2)).sum(0)
                 else:
-                    flat = P.transpose(0, 1).reshape(J, N * S)
+                    flat = patches.flat(l.name)
                     aa = flat @ flat.t()
                 aa.mul_(alpha)
                 a1 = P.sum((0, 2)).mul_(alpha) if l.bias is not None else None
@@ -357,7 +432,7 @@ class KFACHooks(HooksConsumer):
                 _acc(self.a1, l.name, a1)
             self.c1[l.name] = self.c1.get(l.name, 0.0) + c1
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         N, O, S = D.shape
         if S == 1:
             d = D[:, :, 0]
@@ -390,11 +465,11 @@ class GradsHooks(HooksConsumer):
     def start(self, patches, n):
         self._g = {}
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         if self.only is not None and layer.name not in self.only:
             return
         if layer.weight is not None:
-            gw = torch.bmm(D, P.transpose(1, 2))
+            gw = torch.bmm(D, patches[layer.name].transpose(1, 2))
             self._g[layer.weight] = gw.reshape(-1, 1, *layer.module.weight.shape)
         if layer.bias is not None:
             self._g[layer.bias] = D.sum(2).unsqueeze(1)
@@ -415,9 +490,9 @@ class MultiHooks(HooksConsumer):
         for c in self.consumers:
             c.start(patches, n)
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         for c in self.consumers:
-            c.grad(layer, k, D, P)
+            c.grad(layer, k, D, patches)
 
     def column_done(self, k):
         for c in self.consumers:
