@@ -93,13 +93,24 @@ def _conv_pad(mod: nn.Conv2d, x: Tensor) -> Tensor:
 
 def _patch_view(mod: nn.Conv2d, a: Tensor) -> Tensor:
     """Strided view [N, C_in, kh, kw, H_out, W_out] of the padded input: no copy."""
-    a = _conv_pad(mod, a).contiguous()
+    return _strided_patches(mod, _conv_pad(mod, a).contiguous())
+
+
+def _strided_patches(mod: nn.Conv2d, a: Tensor) -> Tensor:
     N, C, H, W = a.shape
     (kh, kw), (sh, sw), (dh, dw) = mod.kernel_size, mod.stride, mod.dilation
     Ho = (H - dh * (kh - 1) - 1) // sh + 1
     Wo = (W - dw * (kw - 1) - 1) // sw + 1
     sN, sC, sH, sW = a.stride()
     return a.as_strided((N, C, kh, kw, Ho, Wo), (sN, sC, sH * dh, sW * dw, sH * sh, sW * sw))
+
+
+def patch_index(mod: nn.Conv2d, padded_chw: Tuple[int, int, int], device) -> Tensor:
+    """[J, S] positions in the flattened padded input (C·H·W) that ``conv_patches`` reads: patch entry
+    (j, s) of a sample is ``padded_input.flatten()[index[j, s]]``."""
+    pos = torch.arange(int(torch.tensor(padded_chw).prod()), device=device).view(1, *padded_chw)
+    view = _strided_patches(mod, pos)
+    return view.reshape(view.shape[1] * view.shape[2] * view.shape[3], -1)
 
 
 def conv_patches(mod: nn.Conv2d, a: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -209,6 +220,10 @@ class Patches:
 
     def shape(self, name: str) -> Tuple[int, int, int]:
         return patch_shape(self.layers[name], self._inputs[name])
+
+    def input(self, name: str) -> Tensor:
+        """The layer's (detached) input as captured."""
+        return self._inputs[name]
 
     def __getitem__(self, name: str) -> Tensor:
         """[N, J, S] (contiguous for conv layers; a view of the input for Linear layers)."""
@@ -377,6 +392,7 @@ KFAC_ALPHA = {
     "nngeometry": (lambda S: 1.0, lambda S: 1.0 / S),
 }
 CONV_CONVENTIONS = ("fedlpa_kfc", "nngeometry", "expand", "reduce")
+INPUT_FACTORS = ("patches", "gram")
 
 
 class KFACHooks(HooksConsumer):
@@ -393,11 +409,27 @@ class KFACHooks(HooksConsumer):
     FedLPA damps the factors separately. nngeometry additionally stores A·√C and G/√C; that
     cosmetic rescaling cancels in A ⊗ G and in FedFisher's use (products, scale-invariant
     quantisation) and is not reproduced.
+
+    ``input_factor="gram"`` (opt-in; changes float rounding): for a conv layer under expand / fedlpa_kfc /
+    nngeometry, Σ_n Σ_s ā āᵀ is a sum of entries of the input Gram Σ_n x_n x_nᵀ (x_n = the padded input
+    flattened, C·H·W), A[j, j'] = Σ_s Gram[idx(j, s), idx(j', s)]; one GEMM per chunk on the (C·H·W)²
+    Gram replaces the J²·S-per-sample patch products and the patch copies. Used where (C·H·W)² ≤ 2 J² S
+    (LeNet / SimpleCNN-MNIST: both convs; CIFAR's first conv keeps the patches). The default "patches"
+    keeps the committed results' bits.
     """
 
-    def __init__(self, layers: Sequence[Layer], convention: str):
+    gram_max_ratio = 2.0   # Gram FLOPs / patch-product FLOPs up to which "gram" takes the Gram route
+
+    def __init__(self, layers: Sequence[Layer], convention: str, input_factor: str = "patches"):
+        if input_factor not in INPUT_FACTORS:
+            raise FedbenchError(f"unknown K-FAC input_factor {input_factor!r}; choose one of: "
+                                f"{', '.join(INPUT_FACTORS)}")
         self.layers = layers
         self.convention = convention
+        self.input_factor = input_factor
+        self.gram: Dict[str, Tensor] = {}     # Σ_n x xᵀ of the padded inputs (input_factor "gram")
+        self.colsum: Dict[str, Tensor] = {}   # Σ_n x
+        self._chw: Dict[str, Tuple[int, int, int]] = {}
         self.aa: Dict[str, Tensor] = {}   # Σ a aᵀ (scaled)
         self.a1: Dict[str, Tensor] = {}   # Σ a (scaled), for the bias augmentation
         self.c1: Dict[str, float] = {}    # Σ 1 (scaled)
@@ -407,11 +439,14 @@ class KFACHooks(HooksConsumer):
     def start(self, patches, n):
         for l in self.layers:
             N, J, S = patches.shape(l.name)
+            self.S[l.name] = S
+            if self._use_gram(l, patches.input(l.name), J, S):
+                self._add_gram(l, patches.input(l.name), N, S)
+                continue
             # P [N, J, S] is not built when only the [J, N·S] matrix is used; the bias sums keep their
             # P.sum((0, 2)) (no other reduction of the same numbers reproduces its bits)
             need_P = S == 1 or J <= 64 or self.convention == "reduce" or l.bias is not None
             P = patches[l.name] if need_P else None
-            self.S[l.name] = S
             if self.convention == "reduce" or S == 1:
                 a = P.mean(2) if S > 1 else P[:, :, 0]
                 aa = a.t() @ a
@@ -431,6 +466,34 @@ class KFACHooks(HooksConsumer):
             if a1 is not None:
                 _acc(self.a1, l.name, a1)
             self.c1[l.name] = self.c1.get(l.name, 0.0) + c1
+
+    def _use_gram(self, layer: Layer, a: Tensor, J: int, S: int) -> bool:
+        if self.input_factor != "gram" or not layer.is_conv or S == 1 or self.convention == "reduce":
+            return False
+        chw = _conv_pad(layer.module, a[:1]).numel()
+        return chw * chw <= self.gram_max_ratio * J * J * S
+
+    def _add_gram(self, layer: Layer, a: Tensor, N: int, S: int) -> None:
+        padded = _conv_pad(layer.module, a)
+        self._chw[layer.name] = tuple(padded.shape[1:])
+        x = padded.reshape(N, -1)
+        _acc(self.gram, layer.name, x.t() @ x)
+        if layer.bias is not None:
+            _acc(self.colsum, layer.name, x.sum(0))
+        alpha = KFAC_ALPHA[self.convention][0](S)
+        self.c1[layer.name] = self.c1.get(layer.name, 0.0) + alpha * N * S
+
+    def finish(self) -> None:
+        """Turn the accumulated input Grams into A sums (``input_factor="gram"``; a no-op otherwise)."""
+        for name, gram in self.gram.items():
+            layer = next(l for l in self.layers if l.name == name)
+            idx = patch_index(layer.module, self._chw[name], gram.device)         # [J, S]
+            alpha = KFAC_ALPHA[self.convention][0](self.S[name])
+            rows = idx.t()
+            self.aa[name] = gram[rows.unsqueeze(2), rows.unsqueeze(1)].sum(0).mul_(alpha)
+            if name in self.colsum:
+                self.a1[name] = self.colsum[name][idx].sum(1).mul_(alpha)
+        self.gram, self.colsum = {}, {}
 
     def grad(self, layer, k, D, patches):
         N, O, S = D.shape
