@@ -8,10 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import fedbench.studies.fola_laplace as fl
+import fedbench.papers.fola.laplace_study as fl
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
-from fedbench.results import fola_figures as ff
+from fedbench.papers.fola import figures as ff
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.runner import expand_aggregators
 
@@ -210,7 +210,7 @@ def test_correlation_study_ae_and_lf_against_the_reference():
 
 
 def test_study_settings_are_checked_before_any_data():
-    from fedbench.studies.presets import study_name
+    from fedbench.report.studies import study_name
 
     assert study_name(["experiment=fola/figure12", "profile=quick"]) == "fola_laplace"
     assert study_name(["experiment=fola/figure9", "profile=quick"]) is None
@@ -229,7 +229,7 @@ def test_study_settings_are_checked_before_any_data():
 def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     """A tiny Fig. 10/11 and Fig. 12 study on real MNIST (7x7 pooled inputs, 60 images per client): records,
     skip on rerun, figures."""
-    from fedbench.studies.presets import reproduce_study, study_runs
+    from fedbench.report.studies import reproduce_study, study_runs
 
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
     tiny = ["rounds=2", "study.max_per_client=60", "study.input_pool=4", f"paths.data_root={tmp_path / 'data'}"]

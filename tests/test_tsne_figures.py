@@ -11,7 +11,7 @@ import torch
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run
 from fedbench.models import build_model
-from fedbench.results import tsne
+from fedbench.papers.fedlpa import tsne
 from fedbench.results.records import compute_run_id, is_complete
 
 SMALL = ["dataset=synthetic", "dataset.kwargs.like=mnist", "dataset.kwargs.train_size=300",
@@ -129,7 +129,7 @@ def test_runs_without_saved_weights_give_one_clear_error(runs, tmp_path):
 
 def test_preset_draws_both_plots_and_asks_for_saved_weights(tmp_path):
     """The preset's records without weights (e.g. Table 1's older runs): plot_preset_figures says what to do."""
-    from fedbench.results import fola_figures as ff
+    from fedbench.papers.fola import figures as ff
 
     ovs = ["experiment=fedlpa/figure1", "profile=quick"]
     cfg = compose_run(ovs + ["seed=0"])

@@ -24,7 +24,7 @@ import pandas as pd
 from fedbench.config.specs import figure_spec
 from fedbench.errors import FedbenchError
 from fedbench.results.records import read_history
-from fedbench.results.tables import norm_key, table_runs
+from fedbench.report.tables import norm_key, table_runs
 from fedbench.results.reference import load_reference
 
 

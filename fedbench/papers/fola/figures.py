@@ -1,11 +1,11 @@
 """FOLA's figures (fola.md §4, §6 R1-R8) from run and study records; also the dispatch of every preset's named
-plots (``table.plots``), including FedLPA's t-SNE figures drawn from saved weights (fedbench.results.tsne).
+plots (``table.plots``), including FedLPA's t-SNE figures drawn from saved weights (fedbench.papers.fedlpa.tsne).
 
 A preset names its plots in ``table.plots`` (``fola_fig3`` ... ``fola_fig12``); ``plot_preset_figures`` draws
 them into ``results/figures/<paper>_<id>[_<profile>].png`` with the plotted numbers beside them
 (``..._data.csv``), the profile in every title (quick = reduced, NOT the paper's protocol). The runs are exactly
 the preset's sweep (the same selection as the tables); study presets (Figs. 10-12) read the files the study wrote
-next to its record (fedbench.studies.presets).
+next to its record (fedbench.report.studies).
 
 Selections that read the test set are named: Figs. 3-4 take the best GA over the other hyperparameters as the
 paper does (``table.select: best_on_test``; ``mean`` averages over them instead). Paper points, where the text
@@ -21,13 +21,13 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
-from fedbench.results.plotting import figure_title, pyplot, save_figure
+from fedbench.report.plotting import figure_title, pyplot, save_figure
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep, study_runs
 from fedbench.results.records import compute_run_id, load_record
 from fedbench.numerics import is_current
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.results.reference import load_reference
-from fedbench.results.tsne import plot_tsne
+from fedbench.papers.fedlpa.tsne import plot_tsne
 
 SELECTS = ("best_on_test", "mean")
 COLORS = {"FOLA": "C0", "FOLA agg.-only": "C2", "FOLA-offline": "C3", "FOLA prior + FedAvg agg.": "C4",
@@ -461,7 +461,7 @@ RUN_PLOTS: Dict[str, Callable] = {"fola_fig3": plot_fig3, "fola_fig4": plot_fig4
                                   "fola_fig8": plot_fig8, "fola_fig6c": plot_fig6c}
 HISTORY_PLOTS: Dict[str, Callable] = {"fola_fig7": plot_fig7, "fola_fig9": plot_fig9}
 STUDY_PLOTS = ("fola_fig10", "fola_fig11", "fola_fig12")
-MODEL_PLOTS = ("tsne_global", "tsne_local")   # from saved weights (save_model=true): FedLPA Figs. 1, 4, 5 (results/tsne.py)
+MODEL_PLOTS = ("tsne_global", "tsne_local")   # from saved weights (save_model=true): FedLPA Figs. 1, 4, 5 (papers/fedlpa/tsne.py)
 PLOTS = tuple(RUN_PLOTS) + tuple(HISTORY_PLOTS) + STUDY_PLOTS + MODEL_PLOTS
 
 

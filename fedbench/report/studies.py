@@ -1,5 +1,5 @@
 """Experiment presets that drive a study instead of ``run.py`` (FOLA Figs. 10-12: the §IV-E softmax-regression
-study, fedbench.studies.fola_laplace; FedFisher Table 6 / Fig. 4: the GMI attack, fedbench.studies.gmi_attack).
+study, fedbench.papers.fola.laplace_study; FedFisher Table 6 / Fig. 4: the GMI attack, fedbench.papers.fedfisher.gmi_attack).
 
 A preset declares ``table.study: <module>`` (a module of ``fedbench.studies`` with ``run_from_config(cfg,
 out_dir, launch_dir=..., log=...)``) and otherwise looks like any preset: its sweep and profiles expand into
@@ -8,7 +8,7 @@ into ``<output_root>/runs/<run_id>/`` with a ``metrics.json`` record (``status: 
 files), so a finished study is skipped on the next ``make reproduce`` exactly as a finished run is.
 
 A study preset with ``table.columns`` also gets a table (``collect_study_table``: the records' values beside the
-paper's numbers, as ``fedbench.results.tables.collect``). With ``table.column_methods: true`` every derived
+paper's numbers, as ``fedbench.report.tables.collect``). With ``table.column_methods: true`` every derived
 column is one method of the paper's table (one study run measures all of them, e.g. the three levels of
 server access of FedFisher Table 6), so a column's name is the ``method`` its reference row is joined on.
 A study module may define ``publish(runs, figures_dir, profile)`` to copy its figures into results/figures/.
@@ -27,8 +27,8 @@ from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep, study_runs
 from fedbench.numerics import current
 from fedbench.results.records import write_json_atomic
-from fedbench.results.fola_figures import plot_preset_figures
-from fedbench.results.tables import attach_reference, summarise, table_runs, to_markdown
+from fedbench.papers.fola.figures import plot_preset_figures
+from fedbench.report.tables import attach_reference, summarise, table_runs, to_markdown
 
 STUDIES = ("fola_laplace", "gmi_attack")
 
@@ -48,8 +48,11 @@ def study_name(overrides: Sequence[str]) -> Optional[str]:
     return str(name)
 
 
+STUDY_MODULES = {"fola_laplace": "fedbench.papers.fola.laplace_study", "gmi_attack": "fedbench.papers.fedfisher.gmi_attack"}
+
+
 def _module(name: str):
-    return importlib.import_module(f"fedbench.studies.{name}")
+    return importlib.import_module(STUDY_MODULES[name])
 
 
 def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None, *, force: bool = False,

@@ -29,7 +29,7 @@ from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
 from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
-from fedbench.results.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
+from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import atomic_write_bytes, compute_run_id, load_record, publish_record, read_history
 from fedbench.results.summaries import last_k, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
@@ -134,7 +134,7 @@ class ColumnSpec:
     def __init__(self, name: str, value: str, metric: str = "accuracy", keys: Optional[Dict[str, Any]] = None,
                  where: Optional[Dict[str, Any]] = None, never: bool = False, per_client: bool = False):
         self.name, self.value, self.metric, self.never = str(name), str(value), str(metric), bool(never)
-        self.per_client = bool(per_client)   # cost columns: per client, not per run (fedbench.results.costs)
+        self.per_client = bool(per_client)   # cost columns: per client, not per run (fedbench.report.costs)
         self.keys = dict(keys or {})
         self.where = {k: [norm_key(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
                       for k, v in (where or {}).items()}
@@ -470,7 +470,7 @@ def format_cell(r: Dict[str, Any], paper_n: Optional[int] = None, show_n: bool =
 
 
 def _cell_text(r: Dict[str, Any], paper_n: Optional[int], show_n: bool) -> str:
-    """A cost cell (seconds, minutes, MB: fedbench.results.costs) or a cell compared with a tolerance."""
+    """A cost cell (seconds, minutes, MB: fedbench.report.costs) or a cell compared with a tolerance."""
     return format_cost_cell(r, show_n) if is_cost(r.get("metric")) else format_cell(r, paper_n, show_n=show_n)
 
 
@@ -551,7 +551,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
              f"(|Δ| ≤ max({TOLERANCE_POINTS:g} points, 2 × the combined standard error; paper n = {paper_n or '?'})). "
              "`not run` = no ok record yet; `—` = no paper number; `+k stale` = k records of older numerics left out."]
     only_costs = bool(specs) and all(is_cost(s.metric) for s in specs)
-    if only_costs:   # a cost table is read by its ratios, never scored (fedbench/results/costs.py)
+    if only_costs:   # a cost table is read by its ratios, never scored (fedbench/report/costs.py)
         lines[-1] = header_note(meta, one_n)
     if specs:
         lines.append("Columns: " + "; ".join(f"{s.name} = `{s.value}`" for s in specs) + ".")

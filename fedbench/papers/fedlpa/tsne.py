@@ -1,6 +1,6 @@
 """FedLPA Figs. 1, 4, 5 (fedlpa.md §4 "Figures"): 2-D t-SNE of the penultimate-layer features of saved models.
 
-``table.plots: [tsne_global, tsne_local]`` (dispatched by ``fedbench.results.fola_figures.plot_preset_figures``):
+``table.plots: [tsne_global, tsne_local]`` (dispatched by ``fedbench.papers.fola.figures.plot_preset_figures``):
 - ``tsne_global``: one panel per finished run of the preset (FedLPA = Fig. 1; FedAvg, FedNova, SCAFFOLD, FedProx,
   DENSE = Fig. 5), embedding that run's final global model (``model.pt``);
 - ``tsne_local``: one panel per round-1 client model (Fig. 4, panels a-j), from the FedLPA run's ``clients.pt``
@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from fedbench.errors import FedbenchError
-from fedbench.results.plotting import figure_title, pyplot, save_figure
+from fedbench.report.plotting import figure_title, pyplot, save_figure
 from fedbench.data import load_dataset
 from fedbench.train.engine import TrainData
 from fedbench.models import build_model
