@@ -88,7 +88,7 @@ def main(argv=None) -> int:
             print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures')}")
         except FedbenchError as e:
             print(f"no figure: {e}")
-        from fedbench.papers.fola.figures import plot_preset_figures
+        from fedbench.report.figures import plot_preset_figures
         try:   # the preset's named plots (table.plots: FOLA Figs. 3-9)
             for p in plot_preset_figures(args.overrides, out_root, Path("results") / "figures"):
                 print(f"figure written: {p}")
