@@ -8,8 +8,12 @@ Times, on the same device and the same 12,000-sample client:
   * epoch: one epoch of plain local training (SGD lr 0.01 momentum 0.9, batch 64, a shuffled loop
     over in-memory tensors, cross-entropy);
   * kfac:  K-FAC with FedLPA's conventions (empirical Fisher, KFC conv scaling, dataset average);
-  * diag:  the true-Fisher diagonal (exact expectation over the 10 classes, FedFisher);
-and prints each time and the ratios ``kfac/epoch`` and ``diag/epoch``. The three are run in
+  * kfac_gram: the same with the opt-in ``kfac_input_factor="gram"`` (conv A factors from the input Gram;
+    equal to float rounding, not bit-identical);
+  * diag:  the true-Fisher diagonal (exact expectation over the 10 classes, FedFisher, Fisher Merge);
+  * diag_mc: the MC-Fisher diagonal, one sampled label per sample (``fisher: mc``, e.g. FedLap-Cov's option);
+  * diag_emp: the empirical-Fisher diagonal (true labels; FOLA, FedCurv, online Fisher);
+and prints each time and the ratios ``<job>/epoch``. The three are run in
 interleaved rounds; the reported time is the median over ``--repeats`` rounds (the minimum is
 printed too, since the shared CPU machines are noisy). Data: the first N Fashion-MNIST training
 images when the data set can be loaded offline, else random N(0, 1) images (said in the output).
@@ -81,8 +85,8 @@ def main():
     ap.add_argument("--data-root", default=os.environ.get("FEDBENCH_DATA", "data"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--extra", action="store_true",
-                    help="also time the MC-Fisher diagonal (1 sample), the true-Fisher K-FAC (FedFisher) and the "
-                         "GGN K-FAC (FedBEns) through the hooks engine and through curvlinops")
+                    help="also time the true-Fisher K-FAC (FedFisher) and the GGN K-FAC (FedBEns) through the hooks "
+                         "engine and through curvlinops")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -101,12 +105,17 @@ def main():
         "epoch": lambda: train_epoch(model, x, y, gen),
         "kfac": lambda: compute_curvature(model, x, y, structure="kfac", fisher="empirical",
                                           conv_convention="fedlpa_kfc", scale="mean", batch_size=bs),
+        "kfac_gram": lambda: compute_curvature(model, x, y, structure="kfac", fisher="empirical",
+                                               conv_convention="fedlpa_kfc", scale="mean", batch_size=bs,
+                                               kfac_input_factor="gram"),
         "diag": lambda: compute_curvature(model, x, y, structure="diag", fisher="true", scale="mean",
                                           batch_size=bs),
+        "diag_mc": lambda: compute_curvature(model, x, y, structure="diag", fisher="mc", scale="mean",
+                                             batch_size=bs, generator=torch.Generator().manual_seed(0)),
+        "diag_emp": lambda: compute_curvature(model, x, y, structure="diag", fisher="empirical", scale="mean",
+                                              batch_size=bs),
     }
     if args.extra:
-        jobs["diag_mc"] = lambda: compute_curvature(model, x, y, structure="diag", fisher="mc", scale="mean",
-                                                    batch_size=bs, generator=torch.Generator().manual_seed(0))
         jobs["kfac_true"] = lambda: compute_curvature(model, x, y, structure="kfac", fisher="true",
                                                       conv_convention="nngeometry", scale="mean", batch_size=bs)
         jobs["kfac_ggn"] = lambda: compute_curvature(model, x, y, structure="kfac", fisher="ggn",

@@ -53,7 +53,7 @@ def make_step(name: str, batch: int, variant: str):
     if variant == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)   # as the serial engine
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -21,6 +21,9 @@ from torch.func import functional_call
 
 from fedbench.curvature import (DenseCurvature, DiagCurvature, KFACCurvature, compute_curvature)
 from fedbench.curvature.curvlinops_adapter import dense_reference
+from fedbench.curvature.engine import KFACHooks, find_layers, patch_shape
+from fedbench.curvature.layout import ParamLayout
+from fedbench.models import build_model
 from fedbench.errors import FedbenchError
 
 DT = torch.float64
@@ -603,3 +606,55 @@ def test_diag_column_groups_do_not_change_bits(fisher, monkeypatch):
     assert torch.allclose(grouped, single, rtol=1e-13, atol=0)
     ref = dense_fisher(model, x, y, "ce", fisher).diagonal()
     assert torch.allclose(grouped, ref, atol=EXACT, rtol=0)
+
+
+@pytest.mark.parametrize("model_name", ["lenet_like", "cnn", "cnn_exotic"])
+@pytest.mark.parametrize("conv", ["expand", "fedlpa_kfc", "nngeometry", "reduce"])
+@pytest.mark.parametrize("bias_augment", [True, False])
+def test_kfac_input_gram_equals_patches(model_name, conv, bias_augment, monkeypatch):
+    """The opt-in Gram route for conv A factors (padding, stride, dilation, 'same') equals the patch products
+    to float64 round-off, and is taken for every conv layer once its FLOP threshold allows it."""
+    if model_name == "lenet_like":
+        torch.manual_seed(4)
+        model = nn.Sequential(nn.Conv2d(1, 3, 3, bias=True), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(3, 4, 3, bias=False), nn.ReLU(), nn.Flatten(), nn.Linear(16, 3)).to(DT)
+        shape = (1, 10, 10)
+    else:
+        make, shape = MODELS[model_name]
+        model = make()
+    x, y = data(shape, n=7)
+    kw = dict(structure="kfac", conv_convention=conv, bias_augment=bias_augment, batch_size=3)
+    ref = compute_curvature(model, x, y, **kw)
+    monkeypatch.setattr(KFACHooks, "gram_max_ratio", float("inf"))
+    grams = []
+    add = KFACHooks._add_gram
+    monkeypatch.setattr(KFACHooks, "_add_gram", lambda self, l, *a: (grams.append(l.name), add(self, l, *a))[1])
+    fast = compute_curvature(model, x, y, kfac_input_factor="gram", **kw)
+    n_conv = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    assert len(set(grams)) == (0 if conv == "reduce" else n_conv)
+    assert set(fast.blocks) == set(ref.blocks)
+    for key in ref.blocks:
+        assert torch.allclose(fast.blocks[key].A, ref.blocks[key].A, atol=EXACT, rtol=0), key
+        assert torch.equal(fast.blocks[key].G, ref.blocks[key].G), key
+
+
+def test_kfac_input_gram_is_chosen_by_flops_and_rejects_unknown_values():
+    lenet = build_model("lenet", input_shape=(1, 28, 28), num_classes=10)
+    cifar = build_model("simple_cnn", input_shape=(3, 32, 32), num_classes=10)
+    chosen = {}
+    for name, model, shape in [("lenet", lenet, (1, 28, 28)), ("cifar", cifar, (3, 32, 32))]:
+        layers, _ = find_layers(model, ParamLayout.from_module(model))
+        acc = KFACHooks(layers, "fedlpa_kfc", "gram")
+        x = torch.randn(2, *shape)
+        ins = {}
+        hooks = [l.module.register_forward_hook(lambda m, i, o, n=l.name: ins.__setitem__(n, i[0])) for l in layers]
+        model(x)
+        for h in hooks:
+            h.remove()
+        chosen[name] = [l.name for l in layers
+                        if l.is_conv and acc._use_gram(l, ins[l.name], *patch_shape(l, ins[l.name])[1:])]
+    # LeNet: (C·H·W)² = 784² ≤ 2·25²·576 and 864² ≤ 2·150²·64; CIFAR conv1: 3072² > 2·75²·784
+    assert chosen == {"lenet": ["conv1", "conv2"], "cifar": ["conv2"]}
+    with pytest.raises(FedbenchError, match="kfac_input_factor"):
+        compute_curvature(lenet, torch.randn(2, 1, 28, 28), torch.tensor([0, 1]), structure="kfac",
+                          kfac_input_factor="fast")

@@ -1,6 +1,7 @@
 """FedBE (notes/fola.md §2): the Gaussian / Dirichlet over client models against hand computations, sampling
 statistics, ensemble members and pseudo-labels, SWA, distillation progress, configs, and run.py end to end."""
 import csv
+import dataclasses
 import json
 import math
 
@@ -273,7 +274,7 @@ def test_two_rounds_with_run_rounds():
 def test_yaml_defaults_load_and_match_the_code():
     cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/algorithm/fedbe.yaml"))
     assert cfg.pop("name") == "fedbe"
-    assert set(cfg) == set(FB.FedBE.KEYS)
+    assert set(cfg) == {f.name for f in dataclasses.fields(FB.FedBE.Options)}
     algo = ALGORITHMS.get("fedbe")(cfg, _setup())
     assert (algo.num_samples, algo.ensemble, algo.epochs, algo.batch_size, algo.lr, algo.swa, algo.temperature) == \
         (10, ["mean", "samples", "clients"], 20, 128, 1e-3, True, 1.0)

@@ -18,6 +18,7 @@ from fedbench.algorithms.base import ALGORITHMS
 from fedbench.errors import FedbenchError
 from fedbench.fl.cache import ClientStageCache
 from fedbench.fl.loop import FLSetup, member_seed, run_rounds
+from fedbench.fl.products import ProductStage
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData, train_clients
 
@@ -103,7 +104,7 @@ def test_component_matches_exact_ggn_and_dense_mvn(laplace):
     algo = _algo(setup, laplace=laplace, temperature=T, prior_var=var, select="min_objective")
     client = 1 if laplace == "kron" else 0
     params = _params(setup)
-    g = algo.member_gaussian(client, 0, params)
+    g = algo.member_gaussian(client, 0, params, ProductStage(setup).compute(algo, client, params, {}, 1)["curvature0"])
     G = _exact_ggn(setup, params, client)
     P = G.shape[0]
     if laplace == "kron":
@@ -124,7 +125,9 @@ def test_component_matches_exact_ggn_and_dense_mvn(laplace):
 
 
 def _gaussians(setup, algo, members=2):
-    return [[algo.member_gaussian(c, m, _params(setup, seed=10 * c + m)) for m in range(members)]
+    stage = ProductStage(setup)
+    return [[algo.member_gaussian(c, m, p, stage.compute(algo, c, p, {}, 1)["curvature0"])
+             for m, p in enumerate(_params(setup, seed=10 * c + m) for m in range(members))]
             for c in range(setup.num_clients)]
 
 
@@ -244,9 +247,9 @@ class _Spy(fb.FedBEns):
         self.starts[member] = p
         return p
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         self.seen[client_id] = params
-        return super().client_message(client_id, params, result, pos, state, round_idx)
+        return super().client_message(client_id, params, result, pos, state, round_idx, products)
 
 
 def test_member_inits_are_shared_distinct_and_seeded():
@@ -321,7 +324,7 @@ def test_members_per_client_and_uplink():
     ({"select": "best"}, "algorithm.select"),
     ({"temperature": 0}, "temperature"),
     ({"variance_clamp": [1.0, 0.5]}, "variance_clamp"),
-    ({"lr": 0.1}, "unknown fedbens option"),
+    ({"lr": 0.1}, "unknown algorithm key"),
 ])
 def test_bad_config_one_line(cfg, needle):
     with pytest.raises(FedbenchError, match=needle) as e:

@@ -15,6 +15,7 @@ from fedbench.algorithms.fedfisher import (adam_code_step, decode_params, kfac_b
 from fedbench.algorithms.fisher_merge import fisher_merge
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.fl.products import ProductStage
 from fedbench.models import build_model
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData, train_clients
@@ -214,7 +215,7 @@ def _messages(algo, setup):
     init = {n: p.detach().clone() for n, p in setup.model.named_parameters()}
     res = train_clients(setup.model, setup.train, setup.client_indices, init, setup.local, seed=0)
     state = algo.init_state(init)
-    return [algo.client_message(k, res.params[k], res, k, state, 1) for k in range(3)], state, res
+    return [ProductStage(setup).message(algo, k, res.params[k], res, k, state, 1) for k in range(3)], state, res
 
 
 def test_diag_messages_bytes_and_server_uses_decoded_values():
@@ -245,7 +246,7 @@ def test_diag_messages_bytes_and_server_uses_decoded_values():
         assert torch.allclose(merged[n][keep], closed[n][keep], atol=1e-5)
     # uncompressed: fp32 tensors, 4 bytes per value
     raw = ALGORITHMS.get("fedfisher_diag")({"compression": False, "select": "last"}, setup)
-    assert raw.client_message(0, res.params[0], res, 0, state, 1).nbytes == 2 * 4 * P
+    assert ProductStage(setup).message(raw, 0, res.params[0], res, 0, state, 1).nbytes == 2 * 4 * P
 
 
 def test_kfac_messages_bytes_and_fixed_point_of_decoded_system():

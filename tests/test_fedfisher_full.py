@@ -11,6 +11,7 @@ from fedbench.algorithms.base import Message
 from fedbench.algorithms.fedfisher_full import closed_form, laplace_objective, server_gd
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup
+from fedbench.fl.products import ProductStage
 from fedbench.models import build_model
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData
@@ -50,7 +51,7 @@ def test_client_fisher_is_dense_jacobian_gram():
             return torch.relu(x @ w.T) @ a                                        # f(x) = sum_r a_r ReLU(w_r . x)
 
         J = torch.func.jacrev(f)(params["fc1.weight"].double()).reshape(len(x), -1)   # [n, m p], row-major W
-        F = algo.fisher(cid, params)
+        F = ProductStage(setup).compute(algo, cid, params, {}, 1)["fisher"]["F"]
         assert F.dtype == torch.float64 and F.shape == (8, 8)
         assert torch.allclose(F, J.T @ J / len(x), atol=1e-10, rtol=0)
 

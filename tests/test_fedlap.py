@@ -11,6 +11,7 @@ from fedbench.algorithms import fedlap as fl  # importing registers fedlap, fedl
 from fedbench.algorithms.base import ALGORITHMS
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.fl.products import ProductStage
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData, train_clients
 
@@ -147,7 +148,7 @@ def test_fedlap_fixed_point_is_the_map_with_weight_decay_delta():
         res = train_clients(setup.model, setup.train, setup.client_indices, algo.start_params(state, ids),
                             setup.local, objective=algo.local_objective(state, ids, r), seed=0, round_idx=r,
                             client_ids=ids)
-        msgs = [algo.client_message(c, res.params[c], res, c, state, r) for c in ids]
+        msgs = [algo.client_message(c, res.params[c], res, c, state, r, {}) for c in ids]
         state = algo.aggregate(msgs, state, r)
         errs[r] = float((_as_vec(state["params"]) - want).abs().max())
     # tolerance: float32 local training; the iteration contracts by ~0.85 per round here
@@ -192,7 +193,7 @@ def test_fedlap_cov_curvature_is_the_sum_scale_logistic_hessian_diagonal():
     setup = _logreg_setup()
     algo = _algo(setup, {"name": "fedlap_cov"})
     w = {"1.weight": torch.tensor([[0.3, -0.2, 0.1, 0.4]]), "1.bias": torch.tensor([0.1])}
-    H = algo.diag_curvature(1, w, round_idx=1)
+    H = ProductStage(setup).compute(algo, 1, w, {}, 1)["H"]["H"]
     idx = setup.client_indices[1]
     x = setup.train.x[idx]
     p = torch.sigmoid(x @ w["1.weight"][0] + w["1.bias"])
@@ -256,7 +257,7 @@ def test_fedlap_local_stationarity_on_the_sum_scale_and_round_one():
         res = train_clients(setup.model, setup.train, setup.client_indices, algo.start_params(state, ids),
                             setup.local, objective=algo.local_objective(state, ids, r), seed=0, round_idx=r,
                             client_ids=ids)
-        msgs = [algo.client_message(c, res.params[c], res, c, state, r) for c in ids]
+        msgs = [algo.client_message(c, res.params[c], res, c, state, r, {}) for c in ids]
         for c, idx in enumerate(setup.client_indices):
             wk = _as_vec(res.params[c]).requires_grad_(True)
             x, y = setup.train.x[idx].double(), setup.train.y[idx].double()

@@ -13,6 +13,7 @@ from fedbench.algorithms import fedlpa as fl
 from fedbench.algorithms.base import ALGORITHMS
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
+from fedbench.fl.products import ProductStage
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData, TrainResult
 
@@ -54,11 +55,11 @@ def test_kron_op_and_column_vec_convention():
     Gs, As, Ms, p = _problem()
     Kd, rhs, _ = _dense(Gs, As, Ms, p)
     M = Ms[0]
-    assert torch.allclose(fl.kron_op(Gs, As, p, M).flatten(), Kd @ M.flatten(), rtol=0, atol=1e-12)
+    assert torch.allclose(fl.KronSystem(Gs, As, p)(M).flatten(), Kd @ M.flatten(), rtol=0, atol=1e-12)
     # the paper's form: (A ⊗ G) vec(M) with column-stacked vec
     vec = lambda X: X.T.reshape(-1)  # noqa: E731
     Kcol = sum(p[k] * torch.kron(As[k], Gs[k]) for k in range(3))
-    assert torch.allclose(vec(fl.kron_op(Gs, As, p, M)), Kcol @ vec(M), rtol=0, atol=1e-12)
+    assert torch.allclose(vec(fl.KronSystem(Gs, As, p)(M)), Kcol @ vec(M), rtol=0, atol=1e-12)
 
 
 def test_ea_cg_gd_against_dense():
@@ -211,7 +212,7 @@ def _client_params(setup, k, seed):
 
 def _messages(algo, setup, plist):
     res = TrainResult(plist, [1] * len(plist), [0.0] * len(plist), 0.0)
-    return [algo.client_message(k, plist[k], res, k, {}, 1) for k in range(len(plist))]
+    return [ProductStage(setup).message(algo, k, plist[k], res, k, {}, 1) for k in range(len(plist))]
 
 
 def _manual_factors(model, x, y):
@@ -341,7 +342,8 @@ def test_round_two_posterior_term_and_fedlpa_then_fedavg():
     st1 = tf.aggregate(_messages(tf, setup, plist), tf.init_state(plist[0]), 1)
     assert tf.local_objective(st1, [0, 1], 2).terms == [] and set(tf.downlink(st1)) == {"params"}
     res = TrainResult(plist, [1, 1], [0.0, 0.0], 0.0)
-    m2 = [tf.client_message(k, plist[k], res, k, st1, 2) for k in range(2)]
+    assert ProductStage(setup).compute(tf, 0, plist[0], st1, 2) == {}             # no factors after round 1
+    m2 = [ProductStage(setup).message(tf, k, plist[k], res, k, st1, 2) for k in range(2)]
     assert set(m2[0].payload) == {"params"}
     st2 = tf.aggregate(m2, st1, 2)
     for n in plist[0]:
@@ -363,9 +365,10 @@ def test_augmented_factor_pass_is_seeded_and_differs_from_clean():
     setup = _setup((16,))
     setup.train.augment = Augment(crop_padding=1, flip=True)
     params = _client_params(setup, 0, 0)
-    clean = ALGORITHMS.get("fedlpa")({}, setup).raw_factors(0, params, 1)
+    stage = ProductStage(setup)
+    clean = stage.compute(ALGORITHMS.get("fedlpa")({}, setup), 0, params, {}, 1)["factors"]
     aug = ALGORITHMS.get("fedlpa")({"factor_data": "augmented_as_released"}, setup)
-    a1, a2 = aug.raw_factors(0, params, 1), aug.raw_factors(0, params, 1)
+    a1, a2 = (stage.compute(aug, 0, params, {}, 1)["factors"] for _ in range(2))
     assert torch.equal(a1["A"]["conv"], a2["A"]["conv"])
     assert not torch.allclose(a1["A"]["conv"], clean["A"]["conv"])
 

@@ -1,4 +1,6 @@
 """FOLA and FedCurv against their closed forms, and the §IV-E softmax-regression study helpers."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
@@ -7,6 +9,7 @@ import torch.nn.functional as F
 import fedbench.algorithms.fedcurv as fedcurv_mod
 import fedbench.algorithms.fola as fola_mod
 from fedbench.algorithms.base import ALGORITHMS
+from fedbench.curvature.posterior import diag_gaussian_product
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
 from fedbench.train.config import LocalTrainConfig
@@ -54,14 +57,14 @@ def test_product_aggregation_is_closed_form_gaussian_product():
     precs = [{n: torch.rand(s, generator=g) * 2 + 0.1 for n, s in shapes.items()} for _ in range(3)]
     w = [10.0, 30.0, 60.0]
     pi = torch.tensor(w) / 100
-    mu, om = fola_mod.gaussian_product_diag(means, precs, w, eps=0.0)
+    mu, om = diag_gaussian_product(means, precs, w, eps=0.0)
     for n in shapes:
         want_prec = sum(p * q[n] for p, q in zip(pi, precs))
         want_mean = sum(p * q[n] * m[n] for p, q, m in zip(pi, precs, means)) / want_prec
         torch.testing.assert_close(om[n], want_prec)
         torch.testing.assert_close(mu[n], want_mean)
     # scalar case: the product of N(1, 1/1) and N(3, 1/3) with equal weights has mean (1*1+3*3)/(1+3)
-    m2, o2 = fola_mod.gaussian_product_diag([{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0])}],
+    m2, o2 = diag_gaussian_product([{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0])}],
                                             [{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0])}], [1, 1], eps=0.0)
     assert float(m2["a"]) == pytest.approx(2.5) and float(o2["a"]) == pytest.approx(2.0)
 
@@ -69,12 +72,12 @@ def test_product_aggregation_is_closed_form_gaussian_product():
 def test_product_eps_handling():
     means = [{"a": torch.tensor([2.0, 4.0])}, {"a": torch.tensor([6.0, 8.0])}]
     precs = [{"a": torch.tensor([0.0, 1.0])}, {"a": torch.tensor([0.0, 3.0])}]
-    mu, om = fola_mod.gaussian_product_diag(means, precs, [1, 1], eps=1e-5, eps_mode="denominator")
+    mu, om = diag_gaussian_product(means, precs, [1, 1], eps=1e-5, eps_mode="denominator")
     assert float(mu["a"][0]) == 0.0                       # code: zero precision everywhere pulls to 0 (§1.3)
     want = (0.5 * 1 * 4 + 0.5 * 3 * 8) / (0.5 * 1 + 0.5 * 3 + 1e-5)
     assert float(mu["a"][1]) == pytest.approx(want, rel=1e-6)
     assert torch.equal(om["a"], torch.tensor([0.0, 2.0]))  # the stored precision carries no eps
-    mu2, _ = fola_mod.gaussian_product_diag(means, precs, [1, 1], eps=1e-5, eps_mode="per_client")
+    mu2, _ = diag_gaussian_product(means, precs, [1, 1], eps=1e-5, eps_mode="per_client")
     assert float(mu2["a"][0]) == pytest.approx(4.0)        # falls back to the FedAvg average
     assert float(mu2["a"][1]) == pytest.approx((0.5 * 1 * 4 + 0.5 * 3 * 8 + 1e-5 * 6) / (2 + 1e-5), rel=1e-6)
 
@@ -257,17 +260,36 @@ def test_fola_code_preset_runs_and_uses_running_sum():
 
 
 # ---- FedCurv ---------------------------------------------------------------------------------------------------
+def _fola_code_penalty(params, mean, precision, lam, round_idx, round_factor="inverse_round"):
+    """The penalty FedCurv(fola_code) trains with: its local objective's term at the server state (mean, ω_S)."""
+    setup = SimpleNamespace(num_clients=2, model=nn.Linear(1, 1))
+    algo = _build("fedcurv", {"lambda_prior": lam, "round_factor": round_factor}, setup)
+    obj = algo.local_objective({"params": mean, "precision": precision}, [0], round_idx)
+    assert len(obj.terms) == 1
+    return obj.terms[0](params, obj.shared_ctx)
+
+
+def _original_penalty_reference(params, anchors, fishers, client, lam):
+    """λ Σ_{j≠n} Σ_i F_{j,i} (θ_i − θ̂_{j,i})², the definition (a loop over the other clients)."""
+    out = 0.0
+    for j, (a, f) in enumerate(zip(anchors, fishers)):
+        if j == client or a is None:
+            continue
+        out = out + sum((f[n] * (p - a[n]) ** 2).sum() for n, p in params.items())
+    return lam * out
+
+
 def test_fedcurv_formulas_on_tiny_tensors():
     g = torch.Generator().manual_seed(5)
     shp = {"w": (2, 3), "b": (2,)}
     theta = {n: torch.randn(s, generator=g, requires_grad=True) for n, s in shp.items()}
     mean = {n: torch.randn(s, generator=g) for n, s in shp.items()}
     prec = {n: torch.rand(s, generator=g) for n, s in shp.items()}
-    # code variant: λ·(0.5/r)·Σω(θ-μ)²
-    val = fedcurv_mod.fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4)
+    # code variant: λ·(0.5/r)·Σω(θ-μ)², the term FedCurv's local objective adds in round r
+    val = _fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4)
     want = 10.0 * 0.5 / 4 * sum((prec[n] * (theta[n] - mean[n]) ** 2).sum() for n in shp)
     torch.testing.assert_close(val, want)
-    val1 = fedcurv_mod.fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4, round_factor="none")
+    val1 = _fola_code_penalty(theta, mean, prec, lam=10.0, round_idx=4, round_factor="none")
     torch.testing.assert_close(val1, 4 * want)
     # original: λ Σ_{j≠n} Σ F_j (θ - θ̂_j)², via server sums minus own share
     K = 4
@@ -280,7 +302,7 @@ def test_fedcurv_formulas_on_tiny_tensors():
     for k in range(K):
         ctx = fedcurv_mod.original_context(sums, fishers[k], anchors[k])
         got = term(theta, ctx)
-        ref = fedcurv_mod.original_penalty_reference(theta, anchors, fishers, k, 2.0)
+        ref = _original_penalty_reference(theta, anchors, fishers, k, 2.0)
         explicit = 2.0 * sum(sum((fishers[j][n] * (theta[n] - anchors[j][n]) ** 2).sum() for n in shp)
                              for j in range(K) if j != k)
         torch.testing.assert_close(ref, explicit)
@@ -290,7 +312,7 @@ def test_fedcurv_formulas_on_tiny_tensors():
         for a, b in zip(g1, g2):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # the two variants differ on the same inputs
-    code_val = fedcurv_mod.fola_code_penalty(theta, mean, prec, lam=2.0, round_idx=1)
+    code_val = _fola_code_penalty(theta, mean, prec, lam=4.0, round_idx=2)   # = λ 2 at r = 1 (no term in round 1)
     orig_val = term(theta, fedcurv_mod.original_context(sums, fishers[0], anchors[0]))
     assert abs(float(code_val.detach()) - float(orig_val.detach())) > 1e-3
 

@@ -245,7 +245,7 @@ def test_pfnm_algorithm_messages_and_one_shot_only():
     algo = ALGORITHMS.get("pfnm")({}, setup)
     B = _params(model)
     res = type("R", (), {"steps": [1, 1, 1], "mean_loss": [0.0, 0.0, 0.0]})()
-    msgs = [algo.client_message(i, B, res, i, {"params": B}, 1) for i in range(3)]
+    msgs = [algo.client_message(i, B, res, i, {"params": B}, 1, {}) for i in range(3)]
     assert msgs[0].nbytes == sum(t.numel() * 8 for t in B.values()) + 3 * 8     # weights + int64 class counts
     assert int(msgs[1].payload["class_counts"].sum()) == 30
     state = algo.aggregate(msgs, {"params": B}, 1)

@@ -18,6 +18,7 @@ from fedbench.algorithms.fisher_merge import fisher_merge
 from fedbench.algorithms.regmean import compute_grams, reduce_non_diag, regmean_linear
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup
+from fedbench.fl.products import ProductStage
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData
 
@@ -87,7 +88,7 @@ def test_fisher_merge_algorithm_on_raw_messages_and_bytes():
         assert torch.allclose(out[n], ref[n], atol=1e-6)
     # a real client message: 16-bit weights and Fisher
     q = ALGORITHMS.get("fisher_merge")({}, setup)
-    m = q.client_message(0, Ws[0], _result(2), 0, {}, 1)
+    m = ProductStage(setup).message(q, 0, Ws[0], _result(2), 0, {}, 1)
     assert m.nbytes == 2 * (2 * 8 + 4 * 2)
 
 
@@ -132,7 +133,7 @@ def test_regmean_grams_and_algorithm_merge():
     algo = ALGORITHMS.get("regmean")({"compression": False, "alphas": [0.9]}, setup)
     g = torch.Generator().manual_seed(4)
     Ws = [{n: torch.randn(p.shape, generator=g) for n, p in model.named_parameters()} for _ in range(2)]
-    msgs = [algo.client_message(k, Ws[k], _result(2), k, {}, 1) for k in range(2)]
+    msgs = [ProductStage(setup).message(algo, k, Ws[k], _result(2), k, {}, 1) for k in range(2)]
     out = algo.aggregate(msgs, algo.init_state({n: p.detach() for n, p in model.named_parameters()}), 1)["params"]
     p = [1 / 3, 2 / 3]
     for name in ("0.weight", "0.bias", "3.bias", "5.bias"):                 # conv and biases: unweighted mean
@@ -142,7 +143,7 @@ def test_regmean_grams_and_algorithm_merge():
     assert torch.allclose(out["3.weight"].double(), ref, atol=1e-5)
     assert msgs[0].nbytes == 4 * sum(p.numel() for p in model.parameters()) + 4 * (8 * 8 + 4 * 4)
     # identical clients through the algorithm: the client's Linear weights come back
-    same = [algo.client_message(k, Ws[0], _result(2), k, {}, 1) for k in range(2)]
+    same = [ProductStage(setup).message(algo, k, Ws[0], _result(2), k, {}, 1) for k in range(2)]
     out2 = algo.aggregate(same, {"params": {n: p.detach() for n, p in model.named_parameters()}}, 1)["params"]
     for n in Ws[0]:
         assert torch.allclose(out2[n], Ws[0][n], atol=1e-4), n
@@ -157,7 +158,7 @@ def test_regmean_alpha_selected_on_validation_and_compressed_bytes():
     algo = ALGORITHMS.get("regmean")({"alphas": [0.1, 0.5, 0.9]}, setup)
     g = torch.Generator().manual_seed(6)
     Ws = [{n: torch.randn(p.shape, generator=g) for n, p in model.named_parameters()} for _ in range(2)]
-    msgs = [algo.client_message(k, Ws[k], _result(2), k, {}, 1) for k in range(2)]
+    msgs = [ProductStage(setup).message(algo, k, Ws[k], _result(2), k, {}, 1) for k in range(2)]
     state = algo.aggregate(msgs, {"params": {n: p.detach() for n, p in model.named_parameters()}}, 1)
     accs = [a for _, a in state["alpha_trace"]]
     assert [a for a, _ in state["alpha_trace"]] == [0.1, 0.5, 0.9]

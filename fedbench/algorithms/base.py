@@ -8,10 +8,10 @@ override only the hooks they need.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedbench.registry import Registry
 from fedbench.train.engine import LocalObjective, TrainResult
@@ -43,10 +43,30 @@ class Message:
         return tensor_bytes(self.payload)
 
 
+@dataclass(frozen=True)
+class ClientProduct:
+    """What a method computes per client after local training (curvature, Gram matrices, ...). The round
+    loop loads ``at`` into its one shared worker model, calls ``compute(worker)`` and caches the payload with
+    the round's client stage, under {stage, "product": name, "client": id, "params": parts}."""
+
+    name: str                                          # the product's name in the cache key
+    parts: Optional[Dict[str, Any]]                    # its settings in the cache key; None = never cached
+    at: Params                                         # the weights the worker holds when ``compute`` runs
+    compute: Callable[[nn.Module], Dict[str, Any]]     # worker -> payload (a dict of tensors)
+    label: str = ""                                    # its key in client_message's ``products`` (default: name)
+    dtype: Optional[torch.dtype] = None                # worker dtype (None: the template's)
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
 class Algorithm:
     """Base class; ``setup`` is the run's ``fedbench.fl.loop.FLSetup`` (model, data, clients, device)."""
 
     name: ClassVar[str] = "base"
+    # the method's options: a frozen dataclass read with ``options.read_options`` (defaults: conf/algorithm/<name>.yaml)
+    Options: ClassVar[Optional[type]] = None
 
     def __init__(self, cfg: Mapping[str, Any], setup):
         self.cfg = dict(cfg)
@@ -110,8 +130,14 @@ class Algorithm:
         every client (the default); ``centralized`` trains one pooled client."""
         return client_ids
 
+    def client_products(self, client_id: int, params: Params | List[Params], state: Dict[str, Any],
+                        round_idx: int) -> Sequence[ClientProduct]:
+        """What the loop computes for this client after training, before ``client_message`` (default: none)."""
+        return ()
+
     def client_message(self, client_id: int, params: Params, result: TrainResult, pos: int,
-                       state: Dict[str, Any], round_idx: int) -> Message:
+                       state: Dict[str, Any], round_idx: int, products: Mapping[str, Any]) -> Message:
+        """``products``: the payloads of ``client_products``, by ``ClientProduct.key``."""
         n = len(self.setup.client_indices[client_id])
         return Message(client_id, n, {"params": params},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})

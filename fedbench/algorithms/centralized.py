@@ -13,13 +13,14 @@ message's ``info``. With one client it is FedAvg (same data order, same weights;
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.options import check_keys
+from fedbench.algorithms.options import read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective, train_clients
 
@@ -47,13 +48,19 @@ class _ScaledProgress:
         self.bar.update(n * self.k)
 
 
+@dataclass(frozen=True)
+class CentralizedOptions:
+    """No options."""
+
+
 @ALGORITHMS.register("centralized")
 class Centralized(Algorithm):
     name = "centralized"
+    Options = CentralizedOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, (), self.name)
+        read_options(self.Options, cfg, self.name)
         self.pooled = pooled_indices(setup.client_indices)
         if len(self.pooled) == 0:
             raise FedbenchError("centralized: the clients hold no training data")
@@ -75,7 +82,7 @@ class Centralized(Algorithm):
                              seed=seed, round_idx=round_idx, client_ids=[POOLED_CLIENT], backend=s.backend,
                              conv_strategy=s.conv_strategy, memory_format=s.memory_format, progress=bar)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         info = {"params": params, "steps": result.steps[pos], "train_loss": result.mean_loss[pos]}
         return Message(client_id, len(self.pooled), {}, info)
 

@@ -5,6 +5,10 @@ generator noise, ...) from a stream derived from the run seed. Each method's der
 is kept exactly in ``STREAM_DERIVATIONS`` (one row per method): changing a row changes that method's results.
 A new method adds a row, preferably an ``_entropy`` one with its own constant.
 
+Distillation. ``distill_epoch`` is the one pass DENSE, FedBE and FedOV make over their server data per epoch
+(a shuffled order from the method's stream, minibatches, one optimiser step each); each method supplies its batch
+loss (teacher, targets, augmentation) and keeps its own epochs, schedule and trace.
+
 Client weights. ``client_weights`` is the one normalisation ``n_k / Σ n`` (or ``1/K``) in plain Python floats;
 the methods that normalise again inside ``base.weighted_average`` pass ``raw_weights`` instead (normalising
 twice would change the last bits).
@@ -75,3 +79,24 @@ def client_weights(sizes: Sequence[float], weighting: str = "num_samples", *,
     if empty_error is not None:
         raise FedbenchError(empty_error)
     return [1.0 / len(raw)] * len(raw)
+
+
+# ---- distillation ----------------------------------------------------------------------------------------
+def distill_epoch(num_examples: int, batch_size: int, gen: torch.Generator, device: Union[str, torch.device],
+                  batch_loss: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
+                  after_step: Optional[Callable[[], None]] = None) -> float:
+    """One shuffled pass: ``randperm(num_examples)`` from ``gen`` (drawn first, then moved to ``device``), split into
+    batches of indices; per batch ``batch_loss(idx)``, zero_grad, backward, step, then ``after_step()``.
+    Returns the mean batch loss (0 without batches). Random draws inside ``batch_loss`` follow the permutation."""
+    perm = torch.randperm(num_examples, generator=gen).to(device)
+    total, batches = 0.0, 0
+    for idx in torch.split(perm, batch_size):
+        loss = batch_loss(idx)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if after_step is not None:
+            after_step()
+        total += float(loss.detach())
+        batches += 1
+    return total / max(batches, 1)

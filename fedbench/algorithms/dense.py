@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,9 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
-from fedbench.algorithms.common import client_weights, method_generator
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
-                                         integer as cfg_int, number as cfg_num)
+from fedbench.algorithms.common import client_weights, distill_epoch, method_generator
+from fedbench.algorithms.options import option, read_options
 from fedbench.data.transforms import Augment
 from fedbench.errors import FedbenchError
 from fedbench.eval.metrics import evaluate   # test_accuracy_as_released: see the warning in __init__
@@ -186,39 +186,46 @@ def teacher_logits(model: nn.Module, members: Sequence[Params], weights: Sequenc
 
 
 # ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DenseOptions:
+    teacher_weighting: str = option(choices=("uniform", "num_samples"))
+    student_init: str = option(choices=("fresh", "fedavg"))
+    epochs: int = option(minimum=1)
+    g_steps: int = option(minimum=1)
+    lr_g: float = option(positive=True)
+    synthesis_batch_size: int = option(minimum=1)
+    kd_batch_size: int = option(minimum=1)
+    nz: int = option(minimum=1)
+    ngf: int = option(minimum=1)
+    bn: float = option(nonneg=True)
+    oh: float = option(nonneg=True)
+    adv: float = option(nonneg=True)
+    oh_targets: str = option(choices=("random", "teacher_argmax"))
+    T: float = option(positive=True)
+    lr: float = option(positive=True)
+    momentum: float = option(nonneg=True)
+    weight_decay: float = option(nonneg=True)
+    augment_synthesis: str = option(choices=AUGMENTS)
+    augment_kd: str = option(choices=AUGMENTS)
+    normalize_synthetic: bool = option()
+    pool_quantize: bool = option()
+    select: str = option(choices=SELECTS)
+
+
 @ALGORITHMS.register("dense")
 class Dense(Algorithm):
     name = "dense"
-    KEYS = ("teacher_weighting", "student_init", "epochs", "g_steps", "lr_g", "synthesis_batch_size",
-            "kd_batch_size", "nz", "ngf", "bn", "oh", "adv", "oh_targets", "T", "lr", "momentum", "weight_decay",
-            "augment_synthesis", "augment_kd", "normalize_synthetic", "pool_quantize", "select")
-
+    Options = DenseOptions
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, self.KEYS, self.name)
-        self.weighting = cfg_choice(c, "teacher_weighting", "uniform", ("uniform", "num_samples"))
-        self.student_init = cfg_choice(c, "student_init", "fresh", ("fresh", "fedavg"))
-        self.epochs = cfg_int(c, "epochs", 200, minimum=1)
-        self.g_steps = cfg_int(c, "g_steps", 30, minimum=1)
-        self.lr_g = cfg_num(c, "lr_g", 1e-3, positive=True)
-        self.syn_bs = cfg_int(c, "synthesis_batch_size", 256, minimum=1)
-        self.kd_bs = cfg_int(c, "kd_batch_size", 64, minimum=1)
-        self.nz = cfg_int(c, "nz", 256, minimum=1)
-        self.ngf = cfg_int(c, "ngf", 64, minimum=1)
-        self.w_bn = cfg_num(c, "bn", 1.0, nonneg=True)
-        self.w_oh = cfg_num(c, "oh", 1.0, nonneg=True)
-        self.w_adv = cfg_num(c, "adv", 1.0, nonneg=True)
-        self.oh_targets = cfg_choice(c, "oh_targets", "random", ("random", "teacher_argmax"))
-        self.T = cfg_num(c, "T", 20.0, positive=True)
-        self.lr = cfg_num(c, "lr", 0.005, positive=True)
-        self.momentum = cfg_num(c, "momentum", 0.9, nonneg=True)
-        self.weight_decay = cfg_num(c, "weight_decay", 0.0, nonneg=True)
-        self.aug_syn = cfg_choice(c, "augment_synthesis", "crop_flip", AUGMENTS)
-        self.aug_kd = cfg_choice(c, "augment_kd", "auto", AUGMENTS)
-        self.normalize_synthetic = cfg_bool(c, "normalize_synthetic", True)
-        self.pool_quantize = cfg_bool(c, "pool_quantize", False)
-        self.select = cfg_choice(c, "select", "last", SELECTS)
+        o = read_options(self.Options, cfg, self.name)
+        self.weighting, self.student_init = o.teacher_weighting, o.student_init
+        self.epochs, self.g_steps, self.lr_g = o.epochs, o.g_steps, o.lr_g
+        self.syn_bs, self.kd_bs, self.nz, self.ngf = o.synthesis_batch_size, o.kd_batch_size, o.nz, o.ngf
+        self.w_bn, self.w_oh, self.w_adv, self.oh_targets, self.T = o.bn, o.oh, o.adv, o.oh_targets, o.T
+        self.lr, self.momentum, self.weight_decay = o.lr, o.momentum, o.weight_decay
+        self.aug_syn, self.aug_kd = o.augment_synthesis, o.augment_kd
+        self.normalize_synthetic, self.pool_quantize, self.select = o.normalize_synthetic, o.pool_quantize, o.select
         if setup.task != "classification":
             raise FedbenchError(f"dense needs a classification task, got {setup.task!r}")
         probe = setup.train.raw(torch.zeros(1, dtype=torch.long, device=setup.train.x.device))
@@ -368,10 +375,9 @@ class Dense(Algorithm):
                  aug: Optional[Augment], gen_cpu: torch.Generator, hook: Optional[BNStatHook] = None) -> float:
         """One shuffled pass over the whole pool: KL at temperature T into the student."""
         images = pool.images()
-        perm = torch.randperm(images.shape[0], generator=gen_cpu).to(images.device)
         student.train()
-        tot, nb = 0.0, 0
-        for idx in torch.split(perm, self.kd_bs):
+
+        def batch_loss(idx: Tensor) -> Tensor:
             x = images[idx]
             if aug is not None:
                 x = aug(x, gen_cpu)
@@ -380,10 +386,6 @@ class Dense(Algorithm):
                 t_out = teacher_logits(teacher, members, weights, xin)
             if hook is not None:
                 hook.terms = []
-            loss = kd_loss(student(xin), t_out, self.T)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            tot += float(loss.detach())
-            nb += 1
-        return tot / max(nb, 1)
+            return kd_loss(student(xin), t_out, self.T)
+
+        return distill_epoch(images.shape[0], self.kd_bs, gen_cpu, images.device, batch_loss, opt)

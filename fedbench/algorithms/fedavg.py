@@ -1,21 +1,27 @@
 """FedAvg (McMahan et al. 2017): data-size weighted average of the client weights."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
-from fedbench.algorithms.common import raw_weights
-from fedbench.errors import FedbenchError
+from fedbench.algorithms.common import WEIGHTINGS, raw_weights
+from fedbench.algorithms.options import option, read_options
+
+
+@dataclass(frozen=True)
+class FedAvgOptions:
+    weighting: str = option(choices=WEIGHTINGS)
 
 
 @ALGORITHMS.register("fedavg")
 class FedAvg(Algorithm):
     name = "fedavg"
-    WEIGHTINGS = ("num_samples", "uniform")
+    Options = FedAvgOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.weighting = self.cfg.get("weighting", "num_samples")
-        if self.weighting not in self.WEIGHTINGS:
-            raise FedbenchError(f"algorithm.weighting must be one of {self.WEIGHTINGS}, got '{self.weighting}'")
+        self.opts = read_options(self.Options, cfg, self.name)
+        self.weighting = self.opts.weighting
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None   # plain local training from the shared initialisation

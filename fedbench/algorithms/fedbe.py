@@ -40,7 +40,8 @@ it; [code] = the authors' release github.com/hongyouc/FedBE, read for facts only
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -49,9 +50,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, weighted_average
-from fedbench.algorithms.common import method_generator, method_seed
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
-                                         integer as cfg_int, number as cfg_num)
+from fedbench.algorithms.common import distill_epoch, method_generator, method_seed
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 
 Params = Dict[str, Tensor]
@@ -186,41 +186,51 @@ class WeightAverage:
 
 
 # ------------------------------------------------------------------------------------------------
+def _ensemble(key: str, ens: Any) -> List[str]:
+    if isinstance(ens, str) or not isinstance(ens, Sequence) or not ens or \
+            any(e not in MEMBERS for e in ens) or len(set(ens)) != len(ens):
+        raise FedbenchError(f"algorithm.ensemble must be a non-empty list of distinct members from "
+                            f"{', '.join(MEMBERS)}, got {ens!r}")
+    return list(ens)
+
+
+@dataclass(frozen=True)
+class FedBEOptions:
+    distribution: str = option(choices=DISTRIBUTIONS)
+    gaussian_fit: str = option(choices=GAUSSIAN_FITS)
+    std_scale: float = option(nonneg=True)
+    dirichlet_alpha: float = option(positive=True)
+    num_samples: int = option(minimum=0)
+    ensemble: Any = option(check=_ensemble)
+    temperature: float = option(positive=True)
+    kl_reduction: str = option(choices=KL_REDUCTIONS)
+    epochs: int = option(minimum=0)
+    batch_size: int = option(minimum=1)
+    lr: float = option(positive=True)
+    momentum: float = option(nonneg=True)
+    weight_decay: float = option(nonneg=True)
+    swa: bool = option()
+    swa_start: int = option(minimum=0)
+    swa_freq: int = option(minimum=1)
+    swa_lr: Optional[float] = option(positive=True)
+
+
 @ALGORITHMS.register("fedbe")
 class FedBE(Algorithm):
     name = "fedbe"
-    KEYS = ("distribution", "gaussian_fit", "std_scale", "dirichlet_alpha", "num_samples", "ensemble",
-            "temperature", "kl_reduction", "epochs", "batch_size", "lr", "momentum", "weight_decay",
-            "swa", "swa_start", "swa_freq", "swa_lr")
+    Options = FedBEOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, self.KEYS, self.name)
-        self.distribution = cfg_choice(c, "distribution", "gaussian", DISTRIBUTIONS)
-        self.gaussian_fit = cfg_choice(c, "gaussian_fit", "weights", GAUSSIAN_FITS)
-        self.std_scale = cfg_num(c, "std_scale", 1.0, nonneg=True)
-        self.dirichlet_alpha = cfg_num(c, "dirichlet_alpha", 1.0, positive=True)
-        self.num_samples = cfg_int(c, "num_samples", 10, minimum=0)
-        ens = c.get("ensemble", list(MEMBERS))
-        if isinstance(ens, str) or not isinstance(ens, Sequence) or not ens or \
-                any(e not in MEMBERS for e in ens) or len(set(ens)) != len(ens):
-            raise FedbenchError(f"algorithm.ensemble must be a non-empty list of distinct members from "
-                                f"{', '.join(MEMBERS)}, got {ens!r}")
-        self.ensemble = list(ens)
+        o = read_options(self.Options, cfg, self.name)
+        self.distribution, self.gaussian_fit, self.std_scale = o.distribution, o.gaussian_fit, o.std_scale
+        self.dirichlet_alpha, self.num_samples, self.ensemble = o.dirichlet_alpha, o.num_samples, o.ensemble
         if "samples" in self.ensemble and self.num_samples == 0:
             raise FedbenchError("algorithm.ensemble lists samples but algorithm.num_samples is 0")
-        self.temperature = cfg_num(c, "temperature", 1.0, positive=True)
-        self.kl_reduction = cfg_choice(c, "kl_reduction", "mean_as_released", KL_REDUCTIONS)
-        self.epochs = cfg_int(c, "epochs", 20, minimum=0)
-        self.batch_size = cfg_int(c, "batch_size", 128, minimum=1)
-        self.lr = cfg_num(c, "lr", 1e-3, positive=True)
-        self.momentum = cfg_num(c, "momentum", 0.9, nonneg=True)
-        self.weight_decay = cfg_num(c, "weight_decay", 1e-5, nonneg=True)
-        self.swa = cfg_bool(c, "swa", True)
-        self.swa_start = cfg_int(c, "swa_start", 500, minimum=0)
-        self.swa_freq = cfg_int(c, "swa_freq", 25, minimum=1)
-        self.swa_lr = cfg_num(c, "swa_lr", None, positive=True, allow_none=True)
+        self.temperature, self.kl_reduction = o.temperature, o.kl_reduction
+        self.epochs, self.batch_size, self.lr, self.momentum = o.epochs, o.batch_size, o.lr, o.momentum
+        self.weight_decay, self.swa, self.swa_start = o.weight_decay, o.swa, o.swa_start
+        self.swa_freq, self.swa_lr = o.swa_freq, o.swa_lr
         if setup.task != "classification":
             raise FedbenchError(f"fedbe needs a classification task, got {setup.task!r}")
         setup.require_server_unlabeled(self.name)
@@ -274,29 +284,26 @@ class FedBE(Algorithm):
                               weight_decay=self.weight_decay)
         gen = method_generator("fedbe", self.setup.seed, round_idx, tag=2)
         swa = WeightAverage()
-        step, trace = 0, []
+        steps, trace = [0], []
+
+        def batch_loss(idx: Tensor) -> Tensor:
+            if self.swa and self.swa_lr is not None and steps[0] >= self.swa_start:
+                for g in opt.param_groups:   # torchcontrib's swa_lr: a constant lr from swa_start on
+                    g["lr"] = self.swa_lr
+            return kl_to_targets(torch.func.functional_call(model, student, (x[idx],)), targets[idx], self.kl_reduction)
+
+        def after_step() -> None:
+            steps[0] += 1
+            if self.swa and steps[0] > self.swa_start and steps[0] % self.swa_freq == 0:
+                swa.update(student)   # torchcontrib's automatic mode (1-based step counter)
+
         was = model.training
         model.train()   # [code] net.train() while distilling (dropout active where a model has it)
         try:
             for ep in range(self.epochs):
                 t0 = time.perf_counter()
-                perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
-                tot, nb = 0.0, 0
-                for idx in torch.split(perm, self.batch_size):
-                    if self.swa and self.swa_lr is not None and step >= self.swa_start:
-                        for g in opt.param_groups:   # torchcontrib's swa_lr: a constant lr from swa_start on
-                            g["lr"] = self.swa_lr
-                    loss = kl_to_targets(torch.func.functional_call(model, student, (x[idx],)), targets[idx],
-                                         self.kl_reduction)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    step += 1
-                    if self.swa and step > self.swa_start and step % self.swa_freq == 0:
-                        swa.update(student)   # torchcontrib's automatic mode (1-based step counter)
-                    tot += float(loss.detach())
-                    nb += 1
-                trace.append({"round": round_idx, "epoch": ep + 1, "kd_loss": tot / max(nb, 1), "steps": step,
+                loss = distill_epoch(x.shape[0], self.batch_size, gen, x.device, batch_loss, opt, after_step)
+                trace.append({"round": round_idx, "epoch": ep + 1, "kd_loss": loss, "steps": steps[0],
                               "swa_snapshots": swa.n, "seconds": time.perf_counter() - t0})
         finally:
             model.train(was)

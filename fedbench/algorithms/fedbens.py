@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import method_seed
+from fedbench.algorithms.options import option, read_options
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.posterior import (DenseGaussian, DiagGaussian, Gaussian, gaussian_from_curvature, KronGaussian,
                                           LOG2PI, ProductGaussian)
@@ -58,13 +60,6 @@ MEDIANS = ("lower", "average")
 FISHERS = ("ggn", "empirical", "true")
 CONV_CONVENTIONS = ("expand", "reduce", "nngeometry", "fedlpa_kfc")
 
-DEFAULTS: Dict[str, Any] = dict(
-    members=5, members_per_client=None, member_init="reset", member_init_std=0.001,
-    laplace="kron", temperature=0.1, prior_var=0.1, server_prior_var=None, fisher="ggn",
-    conv_convention="expand", bias_augment=False, variance_clamp=None, curvature_batch_size=256,
-    server_steps=300, server_lr=1e-3, server_eps=1e-8, server_grad_clip=1.0, val_every=30,
-    select="val_accuracy", median="lower",
-)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,76 +263,70 @@ def clamp_variances(g: Gaussian, vmin: float, vmax: float) -> Gaussian:
 # --------------------------------------------------------------------------------------------------
 # the method
 # --------------------------------------------------------------------------------------------------
-def _num(cfg, key, lo=None, hi=None, integer=False, allow_none=False):
-    v = cfg[key]
-    if v is None and allow_none:
+def _members_per_client(key: str, mpc: Any) -> Optional[List[int]]:
+    """null or one integer >= 1 per client (the client count is checked in ``__init__``)."""
+    if mpc is None:
         return None
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (not integer or float(v) == int(v))
-    if not ok or (lo is not None and v < lo) or (hi is not None and v > hi):
-        kind = "an integer" if integer else "a number"
-        rng = f" >= {lo}" if lo is not None else ""
-        raise FedbenchError(f"algorithm.{key} must be {kind}{rng}{' or null' if allow_none else ''}, got {v!r}")
-    return int(v) if integer else float(v)
+    mpc = list(mpc)
+    if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in mpc):
+        raise FedbenchError(f"algorithm.members_per_client must list one integer >= 1 per client, got {mpc!r}")
+    return mpc
 
 
-def _choice(cfg, key, allowed):
-    if cfg[key] not in allowed:
-        raise FedbenchError(f"algorithm.{key} must be one of {', '.join(allowed)}; got {cfg[key]!r}")
-    return cfg[key]
+def _variance_clamp(key: str, vc: Any) -> Optional[tuple]:
+    if vc is None:
+        return None
+    vc = list(vc)
+    if len(vc) != 2 or not (0 < float(vc[0]) < float(vc[1])):
+        raise FedbenchError(f"algorithm.variance_clamp must be null or [min, max] with 0 < min < max, got {vc!r}")
+    return (float(vc[0]), float(vc[1]))
+
+
+@dataclass(frozen=True)
+class FedBEnsOptions:
+    members: int = option(minimum=1)
+    members_per_client: Any = option(check=_members_per_client)
+    member_init: str = option(choices=MEMBER_INITS)
+    member_init_std: float = option(nonneg=True)
+    laplace: str = option(choices=tuple(LAPLACE))
+    temperature: float = option(positive=True)
+    prior_var: float = option(positive=True)
+    server_prior_var: Optional[float] = option(positive=True)   # null = prior_var
+    fisher: str = option(choices=FISHERS)
+    conv_convention: str = option(choices=CONV_CONVENTIONS)
+    bias_augment: bool = option()
+    variance_clamp: Any = option(check=_variance_clamp)
+    curvature_batch_size: int = option(minimum=1)
+    server_steps: int = option(minimum=0)
+    server_lr: float = option(nonneg=True)
+    server_eps: float = option(nonneg=True)
+    server_grad_clip: Optional[float] = option(nonneg=True)
+    val_every: int = option(minimum=1)
+    select: str = option(choices=SELECTS)
+    median: str = option(choices=MEDIANS)
 
 
 @ALGORITHMS.register("fedbens")
 class FedBEns(Algorithm):
     name = "fedbens"
+    Options = FedBEnsOptions
 
     def __init__(self, cfg, setup):
-        unknown = sorted(set(cfg) - set(DEFAULTS))
-        if unknown:
-            raise FedbenchError(f"unknown fedbens option(s) {unknown}; known: {sorted(DEFAULTS)}")
-        super().__init__({**DEFAULTS, **dict(cfg)}, setup)
-        c = self.cfg
-        self.members = _num(c, "members", 1, integer=True)
-        mpc = c["members_per_client"]
-        if mpc is not None:
-            mpc = list(mpc)
-            if len(mpc) != setup.num_clients or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1
-                                                        for m in mpc):
-                raise FedbenchError(f"algorithm.members_per_client must list one integer >= 1 per client "
-                                    f"({setup.num_clients}), got {mpc!r}")
-        self.members_per_client = mpc
-        self.member_init = _choice(c, "member_init", MEMBER_INITS)
-        self.member_init_std = _num(c, "member_init_std", 0.0)
-        self.laplace = _choice(c, "laplace", tuple(LAPLACE))
-        self.temperature = _num(c, "temperature", 0.0)
-        if not self.temperature > 0:
-            raise FedbenchError(f"algorithm.temperature must be > 0, got {self.temperature}")
-        self.prior_var = _num(c, "prior_var", 0.0)
-        spv = _num(c, "server_prior_var", 0.0, allow_none=True)
-        self.server_prior_var = self.prior_var if spv is None else spv
-        if not (self.prior_var > 0 and self.server_prior_var > 0):
-            raise FedbenchError("algorithm.prior_var and server_prior_var must be > 0")
-        self.fisher = _choice(c, "fisher", FISHERS)
-        self.conv_convention = _choice(c, "conv_convention", CONV_CONVENTIONS)
-        if not isinstance(c["bias_augment"], bool):
-            raise FedbenchError(f"algorithm.bias_augment must be true or false, got {c['bias_augment']!r}")
-        vc = c["variance_clamp"]
-        if vc is not None:
-            vc = list(vc)
-            if len(vc) != 2 or not (0 < float(vc[0]) < float(vc[1])):
-                raise FedbenchError(f"algorithm.variance_clamp must be null or [min, max] with 0 < min < max, got {vc!r}")
-            vc = (float(vc[0]), float(vc[1]))
-        self.variance_clamp = vc
-        self.curv_bs = _num(c, "curvature_batch_size", 1, integer=True)
-        self.steps = _num(c, "server_steps", 0, integer=True)
-        self.lr = _num(c, "server_lr", 0.0)
-        self.eps = _num(c, "server_eps", 0.0)
-        self.grad_clip = _num(c, "server_grad_clip", 0.0, allow_none=True)
-        self.val_every = _num(c, "val_every", 1, integer=True)
-        self.select = _choice(c, "select", SELECTS)
-        self.median = _choice(c, "median", MEDIANS)
+        super().__init__(cfg, setup)
+        o = read_options(self.Options, cfg, self.name)
+        self.members, self.members_per_client = o.members, o.members_per_client
+        if o.members_per_client is not None and len(o.members_per_client) != setup.num_clients:
+            raise FedbenchError(f"algorithm.members_per_client must list one integer >= 1 per client "
+                                f"({setup.num_clients}), got {o.members_per_client!r}")
+        self.member_init, self.member_init_std, self.laplace = o.member_init, o.member_init_std, o.laplace
+        self.temperature, self.prior_var = o.temperature, o.prior_var
+        self.server_prior_var = self.prior_var if o.server_prior_var is None else o.server_prior_var
+        self.fisher, self.conv_convention, self.bias_augment = o.fisher, o.conv_convention, o.bias_augment
+        self.variance_clamp, self.curv_bs = o.variance_clamp, o.curvature_batch_size
+        self.steps, self.lr, self.eps, self.grad_clip = o.server_steps, o.server_lr, o.server_eps, o.server_grad_clip
+        self.val_every, self.select, self.median = o.val_every, o.select, o.median
         if self.select == "val_accuracy" and self.steps > 0:
             setup.require_server_val("fedbens (select: val_accuracy)")
-        self._worker: Optional[nn.Module] = None
         self._init: Optional[Params] = None
         self.layout = ParamLayout.from_module(setup.model)
 
@@ -366,41 +355,49 @@ class FedBEns(Algorithm):
                                   self.member_init_std)
 
     # --- client: Laplace per member ------------------------------------------------------
-    def _curvature(self, client_id: int, params: Params) -> Dict[str, Any]:
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.setup.model)
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
+    def _curvature(self, worker: nn.Module, client_id: int, params: Params) -> Dict[str, Any]:
         x, y = self.setup.client_data(client_id)
         x = x.to(next(iter(params.values())).dtype)     # data are float32; a float64 model (tests) needs float64
-        curv = compute_curvature(self._worker, x, y, structure=LAPLACE[self.laplace], fisher=self.fisher,
+        curv = compute_curvature(worker, x, y, structure=LAPLACE[self.laplace], fisher=self.fisher,
                                  scale="sum", conv_convention=self.conv_convention,
-                                 bias_augment=self.cfg["bias_augment"], batch_size=self.curv_bs)
+                                 bias_augment=self.bias_augment, batch_size=self.curv_bs)
         return curvature_payload(curv)
 
-    def member_gaussian(self, client_id: int, member: int, params: Params) -> Gaussian:
-        """N(μ, Λ⁻¹) with Λ = G/T + I/σ² (§1.3); the curvature G is cached with the client stage."""
+    def _members(self, client_id: int, params, result=None):
+        """The client's members (its first members_per_client[client] trainings), and their results."""
+        plist = params if isinstance(params, list) else [params]
+        rlist = result if isinstance(result, list) else [result]
+        mc = self.members_per_client[client_id] if self.members_per_client else len(plist)
+        return plist[:mc], rlist[:mc]
+
+    def client_products(self, client_id, params, state, round_idx):
+        """Products ``curvature{m}``: member m's Laplace curvature G (none for a client without data)."""
+        if len(self.setup.client_indices[client_id]) == 0:
+            return []
+        out = []
+        for m, p in enumerate(self._members(client_id, params)[0]):
+            parts = {"member": m, "structure": LAPLACE[self.laplace], "fisher": self.fisher, "scale": "sum",
+                     "conv_convention": self.conv_convention if self.laplace == "kron" else None,
+                     "bias_augment": self.bias_augment if self.laplace == "kron" else None}
+            out.append(ClientProduct("fedbens_curvature", parts, p, label=f"curvature{m}",
+                                     compute=lambda worker, p=p: self._curvature(worker, client_id, p)))
+        return out
+
+    def member_gaussian(self, client_id: int, member: int, params: Params,
+                        curvature: Optional[Dict[str, Any]] = None) -> Gaussian:
+        """N(μ, Λ⁻¹) with Λ = G/T + I/σ² (§1.3), G from the ``curvature{m}`` product (a client with data)."""
         mean = self.layout.flatten({n: params[n] for n in self.layout.names}).detach()
         if len(self.setup.client_indices[client_id]) == 0:   # no data: the prior's precision only
             return DiagGaussian(self.layout, mean, torch.full_like(mean, 1.0 / self.prior_var))
-        parts = {"member": int(member), "structure": LAPLACE[self.laplace], "fisher": self.fisher, "scale": "sum",
-                 "conv_convention": self.conv_convention if self.laplace == "kron" else None,
-                 "bias_augment": self.cfg["bias_augment"] if self.laplace == "kron" else None}
-        payload = self.setup.cached("fedbens_curvature", client_id, parts,
-                                    lambda: self._curvature(client_id, params))
-        curv = curvature_from_payload(payload, self.layout)
+        curv = curvature_from_payload(curvature, self.layout)
         g = gaussian_from_curvature(curv, mean, prior_precision=1.0 / self.prior_var, temperature=self.temperature)
         if self.variance_clamp is not None:
             g = clamp_variances(g, *self.variance_clamp)
         return g
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        plist = params if isinstance(params, list) else [params]
-        rlist = result if isinstance(result, list) else [result]
-        mc = self.members_per_client[client_id] if self.members_per_client else len(plist)
-        plist, rlist = plist[:mc], rlist[:mc]
-        gs = [self.member_gaussian(client_id, m, p) for m, p in enumerate(plist)]
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        plist, rlist = self._members(client_id, params, result)
+        gs = [self.member_gaussian(client_id, m, p, products.get(f"curvature{m}")) for m, p in enumerate(plist)]
         sent = [t for g in gs for _, t in g._precision_values(False)]
         n = len(self.setup.client_indices[client_id])
         losses = [r.mean_loss[pos] for r in rlist]

@@ -19,7 +19,7 @@ code, whose penalty reads a detached ``state_dict()`` and so trains like FedAvg 
 """
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import torch
@@ -27,8 +27,8 @@ from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
 from fedbench.algorithms.common import client_weights
-from fedbench.algorithms.fola import FISHER_GRADS, check_keys, choice, nonneg, offline_diag_fisher
-from fedbench.errors import FedbenchError
+from fedbench.algorithms.fola import FISHER_GRADS, offline_fisher_product
+from fedbench.algorithms.options import option, read_options
 from fedbench.train.engine import LocalObjective
 from fedbench.train.terms import QuadraticPriorTerm
 
@@ -37,27 +37,21 @@ Params = Dict[str, Tensor]
 VARIANTS = ("fola_code", "original")
 ROUND_FACTORS = ("inverse_round", "none")
 PRIOR_GRADS = ("live", "detached_as_released")
-FEDCURV_DEFAULTS: Dict[str, Any] = {"variant": "fola_code", "lambda_prior": 1.0, "prior_grad": "live",
-                                    "round_factor": "inverse_round", "fisher": None}
-FISHER_DEFAULTS: Dict[str, Any] = {"grad": "per_sample_sq", "chunk_size": 256}
 
 
-def fola_code_penalty(params: Params, mean: Params, precision: Params, lam: float, round_idx: int,
-                      round_factor: str = "inverse_round") -> Tensor:
-    """λ · (0.5/r) · Σ ω_S (θ − μ_S)² (or λ · 0.5 · Σ … with round_factor "none")."""
-    scale = lam / round_idx if round_factor == "inverse_round" else lam
-    return QuadraticPriorTerm(scale)(params, {"prior_mean": mean, "prior_precision": precision})
+@dataclass(frozen=True)
+class FedCurvFisherOptions:
+    grad: str = option(choices=FISHER_GRADS)
+    chunk_size: int = option(minimum=1)
 
 
-def original_penalty_reference(params: Params, anchors, fishers, client: int, lam: float) -> Tensor:
-    """λ Σ_{j≠n} Σ_i F_{j,i} (θ_i − θ̂_{j,i})², the definition (a loop over the other clients)."""
-    out = 0.0
-    for j, (a, f) in enumerate(zip(anchors, fishers)):
-        if j == client or a is None:
-            continue
-        out = out + sum((f[n] * (p - a[n]) ** 2).sum() for n, p in params.items())
-    return lam * out
-
+@dataclass(frozen=True)
+class FedCurvOptions:
+    variant: str = option(choices=VARIANTS)
+    lambda_prior: float = option(nonneg=True)
+    prior_grad: str = option(choices=PRIOR_GRADS)
+    round_factor: str = option(choices=ROUND_FACTORS)
+    fisher: FedCurvFisherOptions = option()
 
 class OriginalFedCurvTerm:
     """λ Σ (A θ² − 2 B θ) + λ C with ctx['curv_a'], ctx['curv_b'] params-shaped and ctx['curv_c'] a scalar."""
@@ -84,24 +78,14 @@ def original_context(sums: Dict[str, Any], own_fisher: Optional[Params], own_anc
 @ALGORITHMS.register("fedcurv")
 class FedCurv(Algorithm):
     name = "fedcurv"
+    Options = FedCurvOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, list(FEDCURV_DEFAULTS), "algorithm (fedcurv)")
-        fisher = dict(c.get("fisher") or {})
-        check_keys(fisher, list(FISHER_DEFAULTS), "algorithm.fisher (fedcurv)")
-        g = lambda k: c.get(k, FEDCURV_DEFAULTS[k])  # noqa: E731
-        self.variant = choice(g("variant"), VARIANTS, "algorithm.variant")
-        self.lam = nonneg(g("lambda_prior"), "algorithm.lambda_prior")
-        self.prior_grad = choice(g("prior_grad"), PRIOR_GRADS, "algorithm.prior_grad")
-        self.round_factor = choice(g("round_factor"), ROUND_FACTORS, "algorithm.round_factor")
-        self.fisher_grad = choice(fisher.get("grad", FISHER_DEFAULTS["grad"]), FISHER_GRADS, "algorithm.fisher.grad")
-        chunk = fisher.get("chunk_size", FISHER_DEFAULTS["chunk_size"])
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise FedbenchError(f"algorithm.fisher.chunk_size must be an integer >= 1, got {chunk!r}")
-        self.chunk = chunk
-        self._worker = copy.deepcopy(setup.model) if setup is not None else None
+        o = read_options(self.Options, cfg, self.name)
+        self.variant, self.lam, self.prior_grad, self.round_factor = \
+            o.variant, o.lambda_prior, o.prior_grad, o.round_factor
+        self.fisher_grad, self.chunk = o.fisher.grad, o.fisher.chunk_size
 
     # server
     def init_state(self, params):
@@ -136,10 +120,12 @@ class FedCurv(Algorithm):
         ctx = [original_context(state["sums"], state["fishers"][k], state["anchors"][k]) for k in client_ids]
         return LocalObjective(terms=[OriginalFedCurvTerm(self.lam)], client_ctx=ctx)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        fisher = offline_diag_fisher(self.setup, self._worker, params, client_id, grad=self.fisher_grad,
-                                     normalize="none", chunk_size=self.chunk)
-        fisher = {n: fisher[n].to(params[n].dtype) for n in params}
+    def client_products(self, client_id, params, state, round_idx):
+        return [offline_fisher_product(self.setup, params, client_id, grad=self.fisher_grad, normalize="none",
+                                       chunk_size=self.chunk)]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        fisher = {n: products["fisher"]["fisher"][n].to(params[n].dtype) for n in params}
         n = len(self.setup.client_indices[client_id])
         return Message(client_id, n, {"params": params, "fisher": fisher},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})

@@ -9,10 +9,12 @@ the model FedDyn actually sends). Gradient clipping at 10 is a local-training se
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm
-from fedbench.errors import FedbenchError
+from fedbench.algorithms.options import option, read_options
 from fedbench.train.engine import LocalObjective
 
 
@@ -23,19 +25,22 @@ def feddyn_term(params, ctx):
     return a * lin + 0.5 * (a + ctx["wd"]) * sq
 
 
+@dataclass(frozen=True)
+class FedDynOptions:
+    alpha: float = option(positive=True)
+    weight_decay: float = option()
+    evaluate: str = option(choices=("cloud", "client_average"))
+
+
 @ALGORITHMS.register("feddyn")
 class FedDyn(Algorithm):
     name = "feddyn"
+    Options = FedDynOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.alpha = float(self.cfg.get("alpha", 0.01))
-        self.wd = float(self.cfg.get("weight_decay", 0.0))
-        self.evaluate = self.cfg.get("evaluate", "cloud")
-        if self.alpha <= 0:
-            raise FedbenchError(f"algorithm.alpha must be > 0, got {self.alpha}")
-        if self.evaluate not in ("cloud", "client_average"):
-            raise FedbenchError(f"algorithm.evaluate must be cloud or client_average, got '{self.evaluate}'")
+        opts = read_options(self.Options, cfg, self.name)
+        self.alpha, self.wd, self.evaluate = opts.alpha, opts.weight_decay, opts.evaluate
 
     def init_state(self, params):
         k = self.setup.num_clients

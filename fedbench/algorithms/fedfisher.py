@@ -26,18 +26,17 @@ b is built from the decoded factors and weights, so the system is self-consisten
 """
 from __future__ import annotations
 
-import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from fedbench.algorithms import compression as C
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
-                                        integer as cfg_int, number as cfg_num)
+from fedbench.algorithms.options import choice as cfg_choice, option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.curvature import compute_curvature, CONV_CONVENTIONS
 from fedbench.curvature.structures import KronBlock
@@ -60,27 +59,43 @@ def fisher_name(val):
     return "true" if val is True else val
 
 
+def fisher_option(key: str, val: Any) -> str:
+    """The ``fisher`` option (a bare YAML ``true`` = the true Fisher)."""
+    return cfg_choice({key: fisher_name(val)}, key, None, FISHERS)
+
+
+def bits_option(key: str, val: Any) -> int:
+    """A quantisation bit width, 2..32."""
+    return C.check_bits(key, val)
+
+
+def rank_option(key: str, val: Any):
+    """``budget`` (the rank the bit budget allows, computed from the model) or an integer >= 1."""
+    if val == "budget":
+        return val
+    if isinstance(val, int) and not isinstance(val, bool) and val >= 1:
+        return int(val)
+    raise FedbenchError(f"algorithm.{key} must be 'budget' or a positive integer, got {val!r}")
+
+
+def levels_option(key: str, val: Any) -> str:
+    if val not in ("code", "paper"):
+        raise FedbenchError(f"algorithm.{key} must be code or paper, got {val!r}")
+    return val
+
+
 # --------------------------------------------------------------------------------------------------
 # client-side Fisher (cached with the client stage)
 # --------------------------------------------------------------------------------------------------
 class FisherClient:
-    """Computes a client's Fisher at its trained weights on its whole local set (no augmentation),
-    mean over samples (§1.3), through ``setup.cached`` so all aggregators share it."""
+    """Declares a client's Fisher at its trained weights on its whole local set (no augmentation), mean over
+    samples (§1.3), as a client product: the loop computes it and caches it so all aggregators share it."""
 
     def __init__(self, setup, fisher: str = "true", batch_size: int = 64, conv_convention: str = "nngeometry"):
         self.setup = setup
         self.fisher = fisher
         self.batch_size = batch_size
         self.conv_convention = conv_convention
-        self._worker = None
-
-    def _load(self, params: Params):
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.setup.model)
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
-        return self._worker
 
     def _data(self, client_id):
         idx = self.setup.client_indices[client_id]
@@ -98,27 +113,29 @@ class FisherClient:
             p["conv_convention"] = self.conv_convention
         return p
 
-    def diag(self, client_id: int, params: Params, round_idx: int = 1) -> Params:
-        def compute():
+    def diag(self, client_id: int, params: Params, round_idx: int = 1) -> ClientProduct:
+        """Product ``fisher``: {"F": diagonal Fisher per parameter}."""
+        def compute(worker):
             if len(self.setup.client_indices[client_id]) == 0:
                 return {"F": {n: torch.zeros_like(t) for n, t in params.items()}}
             x, y = self._data(client_id)
-            curv = compute_curvature(self._load(params), x, y, structure="diag", fisher=self.fisher, scale="mean",
+            curv = compute_curvature(worker, x, y, structure="diag", fisher=self.fisher, scale="mean",
                                      batch_size=self.batch_size, generator=self._gen(client_id, round_idx))
             return {"F": {n: curv.diag[n].detach().to(params[n].dtype) for n in params}}
-        return self.setup.cached("fedfisher_fisher_diag", client_id, self.parts("diag"), compute)["F"]
+        return ClientProduct("fedfisher_fisher_diag", self.parts("diag"), params, compute, label="fisher")
 
-    def kfac(self, client_id: int, params: Params, round_idx: int = 1) -> Dict[str, Dict[str, Tensor]]:
-        def compute():
+    def kfac(self, client_id: int, params: Params, round_idx: int = 1) -> ClientProduct:
+        """Product ``fisher``: {"blocks": {layer: {"A", "G"}}} K-FAC factors."""
+        def compute(worker):
             if len(self.setup.client_indices[client_id]) == 0:
                 return {"blocks": {s.module: {"A": torch.zeros(s.d_in, s.d_in), "G": torch.zeros(s.d_out, s.d_out)}
                                    for s in kfac_specs(self.setup.model)}}
             x, y = self._data(client_id)
-            curv = compute_curvature(self._load(params), x, y, structure="kfac", fisher=self.fisher, scale="mean",
+            curv = compute_curvature(worker, x, y, structure="kfac", fisher=self.fisher, scale="mean",
                                      conv_convention=self.conv_convention, bias_augment=True,
                                      batch_size=self.batch_size, generator=self._gen(client_id, round_idx))
             return {"blocks": {m: {"A": b.A.detach(), "G": b.G.detach()} for m, b in curv.blocks.items()}}
-        return self.setup.cached("fedfisher_fisher_kfac", client_id, self.parts("kfac"), compute)["blocks"]
+        return ClientProduct("fedfisher_fisher_kfac", self.parts("kfac"), params, compute, label="fisher")
 
 
 class _Spec:
@@ -267,33 +284,52 @@ def _run_steps(grad, w, optimizer, steps, lr, beta1, beta2, eps, eps_inside_sqrt
 # --------------------------------------------------------------------------------------------------
 # FedFisher
 # --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FedFisherOptions:
+    fisher: str = option(check=fisher_option)
+    weighting: str = option(choices=WEIGHTINGS)
+    server_optimizer: str = option(choices=OPTIMIZERS)
+    steps: int = option(minimum=0)
+    lr: float = option(positive=True)
+    beta1: float = option(nonneg=True)
+    beta2: float = option(nonneg=True)
+    eps: float = option(positive=True)
+    eps_inside_sqrt: bool = option()
+    eval_every: int = option(minimum=1)
+    select: str = option(choices=SELECTS)
+    gd_lr: Optional[float] = option(positive=True)
+    compression: bool = option()
+    weight_bits: int = option(check=bits_option)
+    curvature_batch_size: int = option(minimum=1)
+
+
+@dataclass(frozen=True)
+class FedFisherDiagOptions(FedFisherOptions):
+    fisher_bits: int = option(check=bits_option)
+
+
+@dataclass(frozen=True)
+class FedFisherKFACOptions(FedFisherOptions):
+    factor_bits: int = option(check=bits_option)
+    factor_levels: str = option(check=levels_option)
+    kfac_rank: Any = option(check=rank_option)
+    conv_convention: str = option(choices=CONV_CONVENTIONS)
+
+
 class _FedFisher(Algorithm):
     STRUCTURE = ""
-    EPS_INSIDE_DEFAULT = False
-    KEYS = ("fisher", "weighting", "server_optimizer", "steps", "lr", "beta1", "beta2", "eps", "eps_inside_sqrt",
-            "eval_every", "select", "gd_lr", "compression", "weight_bits", "curvature_batch_size")
+    Options = None   # each concrete class: its options dataclass
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, self.KEYS, self.name)
-        c = self.cfg
-        self.fisher = cfg_choice({**c, "fisher": fisher_name(c.get("fisher", "true"))}, "fisher", "true", FISHERS)
-        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
-        self.optimizer = cfg_choice(c, "server_optimizer", "adam_code", OPTIMIZERS)
-        self.steps = cfg_int(c, "steps", 2000, minimum=0)
-        self.lr = cfg_num(c, "lr", 0.01, positive=True)
-        self.beta1 = cfg_num(c, "beta1", 0.9, nonneg=True)
-        self.beta2 = cfg_num(c, "beta2", 0.99, nonneg=True)
+        o = self.opts = read_options(self.Options, cfg, self.name)
+        self.fisher, self.weighting, self.optimizer = o.fisher, o.weighting, o.server_optimizer
+        self.steps, self.lr, self.beta1, self.beta2 = o.steps, o.lr, o.beta1, o.beta2
         if self.optimizer == "adam_torch" and not (self.beta1 < 1 and self.beta2 < 1):
             raise FedbenchError("algorithm.beta1 and beta2 must be < 1 for server_optimizer adam_torch")
-        self.eps = cfg_num(c, "eps", 0.01, positive=True)
-        self.eps_inside_sqrt = cfg_bool(c, "eps_inside_sqrt", self.EPS_INSIDE_DEFAULT)
-        self.eval_every = cfg_int(c, "eval_every", 100, minimum=1)
-        self.select = cfg_choice(c, "select", "val_accuracy", SELECTS)
-        self.gd_lr = cfg_num(c, "gd_lr", None, positive=True, allow_none=True)
-        self.compression = cfg_bool(c, "compression", True)
-        self.weight_bits = C.check_bits("weight_bits", c.get("weight_bits", 16))
-        self.curv_bs = cfg_int(c, "curvature_batch_size", 64, minimum=1)
+        self.eps, self.eps_inside_sqrt, self.eval_every = o.eps, o.eps_inside_sqrt, o.eval_every
+        self.select, self.gd_lr, self.compression = o.select, o.gd_lr, o.compression
+        self.weight_bits, self.curv_bs = o.weight_bits, o.curvature_batch_size
         if self.select == "val_accuracy":
             setup.require_server_val(self.name)
         self.fisher_client = FisherClient(setup, self.fisher, self.curv_bs)
@@ -306,7 +342,10 @@ class _FedFisher(Algorithm):
         return C.levels_for_bits(self.weight_bits) if self.compression else None
 
     # subclass hooks ------------------------------------------------------------------------------
-    def _curvature_payload(self, client_id, params, round_idx) -> Dict[str, Any]:
+    def client_products(self, client_id, params, state, round_idx):
+        return [getattr(self.fisher_client, self.STRUCTURE)(client_id, params, round_idx)]
+
+    def _curvature_payload(self, fisher: Dict[str, Any]) -> Dict[str, Any]:
         raise NotImplementedError
 
     def _operators(self, messages, weights, Ws) -> Tuple[Callable[[Params], Params], Params]:
@@ -314,9 +353,9 @@ class _FedFisher(Algorithm):
         raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------------
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         payload = {"params": encode_params(params, self.weight_levels),
-                   **self._curvature_payload(client_id, params, round_idx)}
+                   **self._curvature_payload(products["fisher"])}
         return Message(client_id, len(self.setup.client_indices[client_id]), payload,
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 
@@ -360,15 +399,14 @@ class FedFisherDiag(_FedFisher):
 
     name = "fedfisher_diag"
     STRUCTURE = "diag"
-    EPS_INSIDE_DEFAULT = False
-    KEYS = _FedFisher.KEYS + ("fisher_bits",)
+    Options = FedFisherDiagOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.fisher_bits = C.check_bits("fisher_bits", self.cfg.get("fisher_bits", 16))
+        self.fisher_bits = self.opts.fisher_bits
 
-    def _curvature_payload(self, client_id, params, round_idx):
-        F = self.fisher_client.diag(client_id, params, round_idx)
+    def _curvature_payload(self, fisher):
+        F = fisher["F"]
         levels = C.levels_for_bits(self.fisher_bits) if self.compression else None
         return {"fisher": encode_params(F, levels)}
 
@@ -386,33 +424,26 @@ class FedFisherKFAC(_FedFisher):
 
     name = "fedfisher_kfac"
     STRUCTURE = "kfac"
-    EPS_INSIDE_DEFAULT = True
-    KEYS = _FedFisher.KEYS + ("factor_bits", "factor_levels", "kfac_rank", "conv_convention")
+    Options = FedFisherKFACOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        self.factor_bits = C.check_bits("factor_bits", c.get("factor_bits", 8))
-        fl = c.get("factor_levels", "code")
-        if fl not in ("code", "paper"):
-            raise FedbenchError(f"algorithm.factor_levels must be code or paper, got {fl!r}")
+        o = self.opts
+        self.factor_bits, fl = o.factor_bits, o.factor_levels
         # code: quantize(·, bits) = 2^bits − 1 levels (sent with bits + 1 bits); paper: l_q = 2^(bits−1) − 1
         self.factor_levels = 2 ** self.factor_bits - 1 if fl == "code" else C.levels_for_bits(self.factor_bits)
-        self.conv_convention = cfg_choice(c, "conv_convention", "nngeometry", CONV_CONVENTIONS)
+        self.conv_convention = o.conv_convention
         self.fisher_client.conv_convention = self.conv_convention
         self.specs = kfac_specs(setup.model)     # one-line error here (before training) for BN etc.
         d = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
-        rank = c.get("kfac_rank", "budget")
-        if rank == "budget":
+        if o.kfac_rank == "budget":
             sides = [s for sp in self.specs for s in (sp.d_in, sp.d_out)]
             self.rank = C.budget_rank(d, sides, self.factor_bits)
-        elif isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1:
-            self.rank = int(rank)
         else:
-            raise FedbenchError(f"algorithm.kfac_rank must be 'budget' or a positive integer, got {rank!r}")
+            self.rank = o.kfac_rank
 
-    def _curvature_payload(self, client_id, params, round_idx):
-        blocks = self.fisher_client.kfac(client_id, params, round_idx)
+    def _curvature_payload(self, fisher):
+        blocks = fisher["blocks"]
         if not self.compression:
             return {"factors": {m: {"A": f["A"].float(), "G": f["G"].float()} for m, f in blocks.items()}}
         return {"factors": {m: {"A": C.encode_lowrank(f["A"], self.rank, self.factor_levels),

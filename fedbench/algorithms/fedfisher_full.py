@@ -24,23 +24,22 @@ objective at both (``laplace_objective``, ``fedavg_laplace_objective``) and rank
 """
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
 from fedbench.algorithms.fedfisher import WEIGHTINGS
-from fedbench.algorithms.options import check_keys, choice as cfg_choice, integer as cfg_int, number as cfg_num
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature import compute_curvature
 
 Params = Dict[str, Tensor]
 SERVERS = ("closed_form", "gd")
-KEYS = ("server", "server_lr", "server_steps", "pinv_rtol", "weighting", "max_params")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,20 +76,26 @@ def laplace_objective(w: Tensor, Fs: Sequence[Tensor], Ws: Sequence[Tensor], p: 
 # --------------------------------------------------------------------------------------------------
 # the method
 # --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FedFisherFullOptions:
+    server: str = option(choices=SERVERS)
+    server_lr: float = option(positive=True)
+    server_steps: int = option(minimum=0)
+    pinv_rtol: Optional[float] = option(nonneg=True)
+    weighting: str = option(choices=WEIGHTINGS)
+    max_params: int = option(minimum=1)
+
+
 @ALGORITHMS.register("fedfisher_full")
 class FedFisherFull(Algorithm):
     name = "fedfisher_full"
+    Options = FedFisherFullOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, KEYS, self.name)
-        c = self.cfg
-        self.server = cfg_choice(c, "server", "gd", SERVERS)
-        self.server_lr = cfg_num(c, "server_lr", 0.001, positive=True)
-        self.server_steps = cfg_int(c, "server_steps", 10000, minimum=0)
-        self.rtol = cfg_num(c, "pinv_rtol", None, nonneg=True, allow_none=True)
-        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
-        self.max_params = cfg_int(c, "max_params", 8192, minimum=1)
+        o = read_options(self.Options, cfg, self.name)
+        self.server, self.server_lr, self.server_steps = o.server, o.server_lr, o.server_steps
+        self.rtol, self.weighting, self.max_params = o.pinv_rtol, o.weighting, o.max_params
         if setup.task != "regression":
             raise FedbenchError(f"fedfisher_full needs a regression data set (its Fisher is the Gaussian-likelihood "
                                 f"Gauss-Newton matrix and it records the ½(y − f)² training loss, fedfisher.md §1.8); "
@@ -102,21 +107,15 @@ class FedFisherFull(Algorithm):
                                 f"(O(d^2) memory, O(d^3) time); this model has d = {d} trained parameters > "
                                 f"algorithm.max_params = {self.max_params} ({8 * d * d / 2 ** 30:.2f} GiB per "
                                 f"float64 matrix): use a smaller model or raise max_params")
-        self._worker = None
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None   # plain local training: shares FedAvg's cached clients
 
     # --- helpers ---------------------------------------------------------------------------------
-    def _model64(self, params: Params):
-        """A float64 copy of the template holding ``params`` (buffers such as a_r cast along)."""
-        if self._worker is None:
-            self._worker = copy.deepcopy(self.setup.model).double()
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                if n in params:
-                    p.copy_(params[n])
-        return self._worker
+    def _forward64(self, params: Params, x: Tensor) -> Tensor:
+        """The template's output in float64 at ``params`` (its other weights and buffers such as a_r cast along)."""
+        tensors = {**dict(self.setup.model.named_parameters()), **dict(self.setup.model.named_buffers()), **params}
+        return torch.func.functional_call(self.setup.model, {n: t.double() for n, t in tensors.items()}, (x.double(),))
 
     def _flat(self, params: Params) -> Tensor:
         return self.layout.flatten({n: params[n].double() for n in self.layout.names})
@@ -125,32 +124,37 @@ class FedFisherFull(Algorithm):
         out = self.layout.unflatten(w)
         return {n: out[n].to(ref[n].dtype, copy=True) if n in out else ref[n] for n in ref}
 
-    def fisher(self, client_id: int, params: Params) -> Tensor:
-        """The client's full Fisher (= GGN) over the trained parameters, mean over its points, float64 [d, d]."""
-        d = self.layout.numel
-        if len(self.setup.client_indices[client_id]) == 0:
-            return torch.zeros(d, d, dtype=torch.float64, device=self.setup.device)
-        x, y = self.setup.client_data(client_id)
-        curv = compute_curvature(self._model64(params), x.double(), y.double(), structure="full", fisher="true",
-                                 scale="mean", loss="mse")
-        return curv.to_dense().detach()
+    def fisher(self, client_id: int, params: Params) -> ClientProduct:
+        """Product ``fisher``: {"F": the client's full Fisher (= GGN) over the trained parameters, mean over its
+        points, float64 [d, d]}, on the loop's float64 worker; not cached (d x d per client)."""
+        def compute(model64):
+            d = self.layout.numel
+            if len(self.setup.client_indices[client_id]) == 0:
+                return {"F": torch.zeros(d, d, dtype=torch.float64, device=self.setup.device)}
+            x, y = self.setup.client_data(client_id)
+            curv = compute_curvature(model64, x.double(), y.double(), structure="full", fisher="true",
+                                     scale="mean", loss="mse")
+            return {"F": curv.to_dense().detach()}
+        return ClientProduct("fedfisher_full_fisher", None, params, compute, label="fisher", dtype=torch.float64)
 
     def train_loss(self, params: Params) -> float:
         """L(W) = (1/M) Σ_i L_i(W), L_i = mean ½(y − f)² over client i's training points (clients with data)."""
-        model = self._model64(params)
         losses = []
         with torch.no_grad():
             for cid in range(self.setup.num_clients):
                 if len(self.setup.client_indices[cid]) == 0:
                     continue
                 x, y = self.setup.client_data(cid)
-                f = model(x.double())
+                f = self._forward64(params, x)
                 losses.append(float((0.5 * (f.reshape(y.shape) - y.double()) ** 2).mean()))
         return sum(losses) / max(len(losses), 1)
 
     # --- hooks -----------------------------------------------------------------------------------
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        payload = {"params": {n: t.detach() for n, t in params.items()}, "fisher": self.fisher(client_id, params)}
+    def client_products(self, client_id, params, state, round_idx):
+        return [self.fisher(client_id, params)]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        payload = {"params": {n: t.detach() for n, t in params.items()}, "fisher": products["fisher"]["F"]}
         return Message(client_id, len(self.setup.client_indices[client_id]), payload,
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 

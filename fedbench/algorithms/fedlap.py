@@ -48,17 +48,18 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from numbers import Real
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import method_generator
-from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 from fedbench.curvature import compute_curvature
@@ -173,8 +174,7 @@ def select_memory(labels: Tensor, per_class: int, rng: np.random.Generator) -> T
 # --------------------------------------------------------------------------------------------------
 # config validation (one-line FedbenchError)
 # --------------------------------------------------------------------------------------------------
-def _rho(cfg, default):
-    val = cfg.get("rho", default)
+def _rho(key: str, val):
     if isinstance(val, Real) and not isinstance(val, bool):
         if not (math.isfinite(float(val)) and 0 < float(val) <= 1):
             raise FedbenchError(f"algorithm.rho as a number must be in (0, 1], got {val}")
@@ -182,6 +182,34 @@ def _rho(cfg, default):
     if val not in RHO_RULES:
         raise FedbenchError(f"algorithm.rho must be one of {', '.join(RHO_RULES)} or a number in (0, 1], got {val!r}")
     return val
+
+
+@dataclass(frozen=True)
+class FedLapOptions:
+    delta: float = option(positive=True)
+    rho: Any = option(check=_rho)
+    rho_schedule_rounds: int = option(minimum=0)
+    init: str = option(choices=INITS)
+    local_start: str = option(choices=LOCAL_STARTS)
+
+
+@dataclass(frozen=True)
+class FedLapCovOptions(FedLapOptions):
+    fisher: str = option(choices=COV_FISHERS)
+    mc_samples: int = option(minimum=1)
+    hessian_at: str = option(choices=HESSIAN_AT)
+    curvature_batch_size: int = option(minimum=1)
+
+
+@dataclass(frozen=True)
+class FedLapFuncOptions(FedLapOptions):
+    tau: float = option(nonneg=True)
+    tau_weighting: str = option(choices=TAU_WEIGHTINGS)
+    memory_per_class: int = option(minimum=0)
+    client_sign: str = option(choices=CLIENT_SIGNS)
+    server_iters: int = option(minimum=0)
+    server_lr: float = option(positive=True)
+    server_init: str = option(choices=SERVER_INITS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,19 +220,13 @@ class FedLap(Algorithm):
     """FedLap (§1.4). Config: delta, rho, rho_schedule_rounds, init, local_start."""
 
     name = "fedlap"
-    RHO_DEFAULT = "nk_over_n"          # App. E: ρ = N_k/N for FedLap and FedLap-Func
-    KEYS = ("delta", "rho", "rho_schedule_rounds", "init", "local_start")
+    Options = FedLapOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        unknown = sorted(set(self.cfg) - set(self.KEYS) - {"name"})
-        if unknown:
-            raise FedbenchError(f"unknown algorithm key(s) {unknown} for {self.name}; known: {sorted(self.KEYS)}")
-        self.delta = _num(self.cfg, "delta", 1.0, positive=True)
-        self.rho = _rho(self.cfg, self.RHO_DEFAULT)
-        self.rho_schedule_rounds = _int(self.cfg, "rho_schedule_rounds", 10, minimum=0)
-        self.init = _choice(self.cfg, "init", "zero_prior_mean", INITS)
-        self.local_start = _choice(self.cfg, "local_start", "global", LOCAL_STARTS)
+        o = self.opts = read_options(self.Options, cfg, self.name)
+        self.delta, self.rho, self.rho_schedule_rounds = o.delta, o.rho, o.rho_schedule_rounds
+        self.init, self.local_start = o.init, o.local_start
         self.sizes = [len(ix) for ix in setup.client_indices]
         self.total = sum(self.sizes)
 
@@ -280,7 +302,7 @@ class FedLap(Algorithm):
         shared, per = self._base_ctx(state, client_ids)
         return LocalObjective(terms=[fedlap_term], shared_ctx=shared, client_ctx=per)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         v_new = fedlap_dual_update(state["v"][client_id], params, state["params"], self.rho_k(client_id, round_idx))
         return Message(client_id, self.sizes[client_id], {"v": v_new},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos], "params": params})
@@ -294,18 +316,13 @@ class FedLapCov(FedLap):
     """FedLap-Cov (§1.5), diagonal. Extra config: fisher, mc_samples, hessian_at, curvature_batch_size."""
 
     name = "fedlap_cov"
-    RHO_DEFAULT = "one_over_k"         # App. E: ρ = 1/K for FedLap-Cov on all data sets
-    KEYS = FedLap.KEYS + ("fisher", "mc_samples", "hessian_at", "curvature_batch_size")
+    Options = FedLapCovOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.fisher = _choice(self.cfg, "fisher", "ggn", COV_FISHERS)
-        self.mc_samples = _int(self.cfg, "mc_samples", 1, minimum=1)
-        self.hessian_at = _choice(self.cfg, "hessian_at", "new_local", HESSIAN_AT)
-        self.curv_bs = _int(self.cfg, "curvature_batch_size", 256, minimum=1)
-        self._worker = copy.deepcopy(setup.model)
-        for p in self._worker.parameters():
-            p.requires_grad_(True)
+        o = self.opts
+        self.fisher, self.mc_samples, self.hessian_at = o.fisher, o.mc_samples, o.hessian_at
+        self.curv_bs = o.curvature_batch_size
 
     def init_state(self, params):
         init = _detach(params)
@@ -331,44 +348,39 @@ class FedLapCov(FedLap):
             return "mse"
         return "bce" if width == 1 else "ce"
 
-    def diag_curvature(self, client_id: int, params: Params, round_idx: int) -> Params:
-        """H_k: per-example diagonal GGN (or the chosen Fisher), SUM over the client's N_k points (§1.5)."""
+    def diag_curvature(self, worker, client_id: int, params: Params, round_idx: int) -> Params:
+        """H_k: per-example diagonal GGN (or the chosen Fisher), SUM over the client's N_k points (§1.5), at
+        ``params`` (which ``worker`` holds)."""
 
         idx = self.setup.client_indices[client_id]
         if len(idx) == 0:
             return _zeros(params)
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
         x, y = self.setup.train.inputs(idx), self.setup.train.targets(idx)
         with torch.no_grad():
-            width = self._worker(x[:1]).shape[-1]
+            width = worker(x[:1]).shape[-1]
         gen = None
         if self.fisher == "mc":   # reproducible per (seed, round, client); a distinct stream from training
             gen = method_generator("fedlap", self.setup.seed, round_idx, client_id)
-        curv = compute_curvature(self._worker, x, y, structure="diag", fisher=self.fisher, scale="sum",
+        curv = compute_curvature(worker, x, y, structure="diag", fisher=self.fisher, scale="sum",
                                  loss=self._loss_kind(width), batch_size=self.curv_bs, mc_samples=self.mc_samples,
                                  generator=gen)
         return {n: curv.diag[n].detach().to(params[n].dtype) for n in params}
 
-    def _cached_curvature(self, client_id: int, at: Params, round_idx: int) -> Params:
-        """H_k, cached beside a cached client stage (round 1) when the setup has a cache."""
-        cached = getattr(self.setup, "cached", None)
-        if cached is None:
-            return self.diag_curvature(client_id, at, round_idx)
-        parts = {"fisher": self.fisher, "mc_samples": self.mc_samples if self.fisher == "mc" else None,
-                 "hessian_at": self.hessian_at, "scale": "sum"}
-        return cached("fedlap_cov_diag_curvature", client_id, parts,
-                      lambda: {"H": self.diag_curvature(client_id, at, round_idx)})["H"]
-
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_products(self, client_id, params, state, round_idx):
+        """Product ``H``: {"H": H_k} at the trained weights, or (hessian_at: previous_local) at App. B's
+        "m_old", the client's most recent weights before this update (round 1: the start)."""
         at = params
         if self.hessian_at == "previous_local":
-            # App. B's "m_old": the client's most recent weights before this update (round 1: the start)
             prev = state.get("w_prev")
             at = prev[client_id] if prev is not None and prev[client_id] is not None else \
                 (state["start"] if state.get("start") is not None else state["params"])
-        H = self._cached_curvature(client_id, at, round_idx)
+        parts = {"fisher": self.fisher, "mc_samples": self.mc_samples if self.fisher == "mc" else None,
+                 "hessian_at": self.hessian_at, "scale": "sum"}
+        return [ClientProduct("fedlap_cov_diag_curvature", parts, at, label="H",
+                              compute=lambda worker: {"H": self.diag_curvature(worker, client_id, at, round_idx)})]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        H = products["H"]["H"]
         v_new, V_new = cov_dual_update(state["v"][client_id], state["V"][client_id], H, params, state["params"],
                                        state["precision"], self.rho_k(client_id, round_idx))
         return Message(client_id, self.sizes[client_id], {"v": v_new, "V": V_new},
@@ -418,19 +430,14 @@ class FedLapFunc(FedLap):
     server_iters, server_lr, server_init."""
 
     name = "fedlap_func"
-    RHO_DEFAULT = "nk_over_n"          # App. E (CIFAR-10 presets pick rho: schedule)
-    KEYS = FedLap.KEYS + ("tau", "tau_weighting", "memory_per_class", "client_sign", "server_iters",
-                          "server_lr", "server_init")
+    Options = FedLapFuncOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.tau = _num(self.cfg, "tau", 1.0, nonneg=True)
-        self.tau_weighting = _choice(self.cfg, "tau_weighting", "class_count", TAU_WEIGHTINGS)
-        self.memory_per_class = _int(self.cfg, "memory_per_class", 1, minimum=0)
-        self.client_sign = _choice(self.cfg, "client_sign", "minus_a_plus_b", CLIENT_SIGNS)
-        self.server_iters = _int(self.cfg, "server_iters", 5000, minimum=0)
-        self.server_lr = _num(self.cfg, "server_lr", 1e-3, positive=True)
-        self.server_init = _choice(self.cfg, "server_init", "sum_v", SERVER_INITS)
+        o = self.opts
+        self.tau, self.tau_weighting, self.memory_per_class = o.tau, o.tau_weighting, o.memory_per_class
+        self.client_sign, self.server_iters, self.server_lr = o.client_sign, o.server_iters, o.server_lr
+        self.server_init = o.server_init
         if setup.task == "regression":
             raise FedbenchError("fedlap_func needs a classification task (memory points are chosen per class)")
         # predictions for soft labels and the memory terms: an eval-mode copy (no dropout; soft labels
@@ -481,8 +488,8 @@ class FedLapFunc(FedLap):
         sign_b = 1.0 if self.client_sign == "minus_a_plus_b" else -1.0
         return LocalObjective(terms=[FuncTerm(self._fmodel, sign_b)], shared_ctx=shared, client_ctx=per)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        msg = super().client_message(client_id, params, result, pos, state, round_idx)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        msg = super().client_message(client_id, params, result, pos, state, round_idx, products)
         own = self.mem_owner == client_id
         if self.mem_x is not None and bool(own.any()):
             with torch.no_grad():

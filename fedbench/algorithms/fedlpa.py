@@ -38,7 +38,6 @@ the solver's model (not the best-of-test one) is carried to the next round.
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from numbers import Real
@@ -47,10 +46,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message, weighted_average
 from fedbench.algorithms.common import client_weights, method_generator, raw_weights
 from fedbench.curvature.structures import layer_matrix, layer_params
-from fedbench.algorithms.options import choice as _choice, integer as _int, number as _num
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective
 from fedbench.curvature.engine import find_layers
@@ -141,11 +140,6 @@ def sym_size(numel: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # the server's linear system, per layer (pure functions; tested against torch.kron)
 # --------------------------------------------------------------------------------------------------
-def kron_op(Gs: Tensor, As: Tensor, p: Tensor, M: Tensor) -> Tensor:
-    """𝒜(M) = Σ_k p_k G_k M A_k.  Gs [K, o, o], As [K, i, i], p [K], M [o, i]."""
-    return KronSystem(Gs, As, p)(M)
-
-
 class KronSystem:
     """One layer's operator 𝒜(M) = Σ_k p_k G_k M A_k, laid out once for two GEMMs per apply.
 
@@ -265,8 +259,7 @@ class PosteriorTerm:
 # --------------------------------------------------------------------------------------------------
 # config helpers (one-line FedbenchError)
 # --------------------------------------------------------------------------------------------------
-def _pi(cfg):
-    val = cfg.get("pi", "one")
+def _pi(key: str, val: Any):
     if isinstance(val, str):
         if val not in PI_RULES:
             raise FedbenchError(f"algorithm.pi must be one of {', '.join(PI_RULES)} or a positive number, got {val!r}")
@@ -274,6 +267,30 @@ def _pi(cfg):
     if isinstance(val, bool) or not isinstance(val, Real) or not (math.isfinite(float(val)) and float(val) > 0):
         raise FedbenchError(f"algorithm.pi must be one of {', '.join(PI_RULES)} or a positive number, got {val!r}")
     return float(val)
+
+
+@dataclass(frozen=True)
+class FedLPARoundOneOptions:
+    """The keys of the one-shot aggregation (``fedlpa_then_fedavg`` has only these)."""
+    damping: float = option(nonneg=True)
+    pi: Any = option(check=_pi)
+    weighting: str = option(choices=WEIGHTINGS)
+    solver: str = option(choices=SOLVERS)
+    gd_steps: int = option(minimum=0)
+    gd_lr: float = option(positive=True)
+    cg_tol: float = option(positive=True)
+    cg_max_iters: int = option(minimum=1)
+    cg_precondition: str = option(choices=CG_PRECONDITIONERS)
+    report: str = option(choices=REPORTS)
+    factor_upload: str = option(choices=FACTOR_UPLOADS)
+    factor_data: str = option(choices=FACTOR_DATA)
+    server_dtype: str = option(choices=SERVER_DTYPES)
+    curvature_batch_size: int = option(minimum=1)
+
+
+@dataclass(frozen=True)
+class FedLPAOptions(FedLPARoundOneOptions):
+    posterior_eta: float = option(nonneg=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,30 +301,17 @@ class FedLPA(Algorithm):
     """FedLPA (§1.3–1.5). Config keys: see conf/algorithm/fedlpa.yaml."""
 
     name = "fedlpa"
-    KEYS = ("damping", "pi", "weighting", "solver", "gd_steps", "gd_lr", "cg_tol", "cg_max_iters",
-            "cg_precondition", "report", "factor_upload", "factor_data", "server_dtype",
-            "curvature_batch_size", "posterior_eta")
+    Options = FedLPAOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        unknown = sorted(set(self.cfg) - set(self.KEYS) - {"name"})
-        if unknown:
-            raise FedbenchError(f"unknown algorithm key(s) {unknown} for {self.name}; known: {sorted(self.KEYS)}")
-        self.lam = _num(self.cfg, "damping", 1e-3, nonneg=True)
-        self.pi = _pi(self.cfg)
-        self.weighting = _choice(self.cfg, "weighting", "num_samples", WEIGHTINGS)
-        self.solver = _choice(self.cfg, "solver", "gd", SOLVERS)
-        self.gd_steps = _int(self.cfg, "gd_steps", 10_000, minimum=0)
-        self.gd_lr = _num(self.cfg, "gd_lr", 1.0, positive=True)
-        self.cg_tol = _num(self.cfg, "cg_tol", 1e-8, positive=True)
-        self.cg_max_iters = _int(self.cfg, "cg_max_iters", 1000, minimum=1)
-        self.cg_precondition = _choice(self.cfg, "cg_precondition", "ea", CG_PRECONDITIONERS)
-        self.report = _choice(self.cfg, "report", "solver", REPORTS)
-        self.factor_upload = _choice(self.cfg, "factor_upload", "upper_triangle", FACTOR_UPLOADS)
-        self.factor_data = _choice(self.cfg, "factor_data", "clean", FACTOR_DATA)
-        self.server_dtype = getattr(torch, _choice(self.cfg, "server_dtype", "float64", SERVER_DTYPES))
-        self.curv_bs = _int(self.cfg, "curvature_batch_size", 256, minimum=1)
-        self.eta = _num(self.cfg, "posterior_eta", 1.0, nonneg=True)
+        o = read_options(self.Options, cfg, self.name)
+        self.lam, self.pi, self.weighting, self.solver = o.damping, o.pi, o.weighting, o.solver
+        self.gd_steps, self.gd_lr, self.cg_tol, self.cg_max_iters = o.gd_steps, o.gd_lr, o.cg_tol, o.cg_max_iters
+        self.cg_precondition, self.report, self.factor_upload = o.cg_precondition, o.report, o.factor_upload
+        self.factor_data, self.server_dtype = o.factor_data, getattr(torch, o.server_dtype)
+        self.curv_bs = o.curvature_batch_size
+        self.eta = getattr(o, "posterior_eta", 0.0)   # fedlpa_then_fedavg: no posterior term, no such option
         if self.report == "best_of_ea_gd_on_test":
             if self.solver != "gd":
                 raise FedbenchError(f"algorithm.report=best_of_ea_gd_on_test picks between EA and GD; "
@@ -319,7 +323,6 @@ class FedLPA(Algorithm):
         if problems:
             raise FedbenchError(f"{self.name} needs every trainable parameter in nn.Linear / nn.Conv2d "
                                 f"(layer-wise K-FAC): {problems[0]}")
-        self._worker = copy.deepcopy(setup.model)
         self.sizes = [len(ix) for ix in setup.client_indices]
 
     # --- client ----------------------------------------------------------------------------------
@@ -333,27 +336,25 @@ class FedLPA(Algorithm):
             return data.normalize(data.augment(data.raw(idx), gen)), data.targets(idx)
         return data.inputs(idx), data.targets(idx)
 
-    def raw_factors(self, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
-        """Undamped dataset-average K-FAC factors {'A': {layer: A}, 'G': {layer: G}} at ``params`` (§1.3 step 2)."""
+    def raw_factors(self, worker, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
+        """Undamped dataset-average K-FAC factors {'A': {layer: A}, 'G': {layer: G}} at ``params`` (which
+        ``worker`` holds, §1.3 step 2)."""
 
         if len(self.setup.client_indices[client_id]) == 0:      # p_k = 0: contributes nothing
             ref = next(iter(params.values()))
             z = lambda n: torch.zeros(n, n, dtype=ref.dtype, device=ref.device)  # noqa: E731
             return {"A": {s.module: z(s.d_in) for s in self.specs}, "G": {s.module: z(s.d_out) for s in self.specs}}
-        with torch.no_grad():
-            for n, p in self._worker.named_parameters():
-                p.copy_(params[n])
         x, y = self._factor_inputs(client_id, round_idx)
         x = x.to(next(iter(params.values())).dtype)           # TrainData yields float32; follow the weights
-        curv = compute_curvature(self._worker, x, y, batch_size=self.curv_bs, **CURVATURE)
+        curv = compute_curvature(worker, x, y, batch_size=self.curv_bs, **CURVATURE)
         return {"A": {s.module: curv.blocks[s.module].A.detach() for s in self.specs},
                 "G": {s.module: curv.blocks[s.module].G.detach() for s in self.specs}}
 
-    def client_factors(self, client_id: int, params: Params, round_idx: int) -> Dict[str, Dict[str, Tensor]]:
-        """Raw factors, cached beside a cached client stage (before damping, §6 item 3)."""
+    def client_products(self, client_id, params, state, round_idx):
+        """Product ``factors``: the raw factors, cached beside a cached client stage (before damping, §6 item 3)."""
         parts = {**CURVATURE, "factor_data": self.factor_data}
-        return self.setup.cached("fedlpa_kfac", client_id, parts,
-                                 lambda: self.raw_factors(client_id, params, round_idx))
+        return [ClientProduct("fedlpa_kfac", parts, params, label="factors",
+                              compute=lambda worker: self.raw_factors(worker, client_id, params, round_idx))]
 
     def damped(self, A: Tensor, G: Tensor) -> Tuple[Tensor, Tensor]:
         return damp_kfac(A, G, self.lam, self.pi)
@@ -364,8 +365,8 @@ class FedLPA(Algorithm):
     def _unpack(self, v: Tensor) -> Tensor:
         return unpack_sym(v, sym_size(v.numel())) if self.factor_upload == "upper_triangle" else v
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        raw = self.client_factors(client_id, params, round_idx)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        raw = products["factors"]
         A_up, G_up = {}, {}
         for s in self.specs:
             A, G = self.damped(raw["A"][s.module], raw["G"][s.module])
@@ -480,6 +481,7 @@ class FedLPAThenFedAvg(FedLPA):
     rounds (plain local training from the global model, p_k-weighted averaging, weights-only uplink)."""
 
     name = "fedlpa_then_fedavg"
+    Options = FedLPARoundOneOptions
 
     def local_objective(self, state, client_ids, round_idx):
         return LocalObjective()
@@ -487,9 +489,12 @@ class FedLPAThenFedAvg(FedLPA):
     def downlink(self, state):
         return {"params": state["params"]}
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_products(self, client_id, params, state, round_idx):
+        return super().client_products(client_id, params, state, round_idx) if round_idx == 1 else []
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         if round_idx == 1:
-            return super().client_message(client_id, params, result, pos, state, round_idx)
+            return super().client_message(client_id, params, result, pos, state, round_idx, products)
         return Message(client_id, self.sizes[client_id], {"params": params},
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 

@@ -6,8 +6,16 @@ d_k = (theta_0 - theta_k) / a_k, and theta = theta_0 - (sum_k p_k a_k) * sum_k p
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedbench.algorithms.base import ALGORITHMS, Algorithm
 from fedbench.algorithms.common import client_weights
+from fedbench.algorithms.options import option, read_options
+
+
+@dataclass(frozen=True)
+class FedNovaOptions:
+    rho: float = option()   # YAML default ${local.momentum}
 
 
 def effective_steps(tau: int, rho: float) -> float:
@@ -21,12 +29,18 @@ def effective_steps(tau: int, rho: float) -> float:
 @ALGORITHMS.register("fednova")
 class FedNova(Algorithm):
     name = "fednova"
+    Options = FedNovaOptions
+
+    def __init__(self, cfg, setup):
+        super().__init__(cfg, setup)
+        self.rho = read_options(self.Options, cfg, self.name,
+                                context={"local": {"momentum": setup.local.momentum}}).rho
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None
 
     def aggregate(self, messages, state, round_idx):
-        rho = float(self.cfg.get("rho", self.setup.local.momentum))
+        rho = self.rho
         theta0 = state["params"]
         p = client_weights([m.num_samples for m in messages])
         a = [effective_steps(int(m.info["steps"]), rho) for m in messages]

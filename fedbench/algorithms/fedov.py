@@ -55,6 +55,7 @@ import copy
 import math
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -63,9 +64,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm
-from fedbench.algorithms.common import method_generator
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
-                                         integer as cfg_int, number as cfg_num)
+from fedbench.algorithms.common import distill_epoch, method_generator
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import TrainResult, client_generator, epoch_batches
 from fedbench.models import build_model
@@ -246,12 +246,6 @@ def generate_outliers(x: Tensor, gen: torch.Generator, ops: Mapping[str, float] 
     return out
 
 
-def outlier_batch(x: Tensor, num_classes: int, gen: torch.Generator,
-                  ops: Mapping[str, float] = DEFAULT_OPS) -> Tuple[Tensor, Tensor]:
-    """(outliers, labels): the corrupted batch and the unknown label C for every image."""
-    return generate_outliers(x, gen, ops), torch.full((x.shape[0],), num_classes, dtype=torch.long, device=x.device)
-
-
 def enhance_outliers(model: nn.Module, x_raw: Tensor, unknown: int, normalize, steps: int, step_size: float,
                      epsilon: float) -> Tensor:
     """[C] adversarial outlier enhancement: ``steps`` sign-gradient ascent steps on CE(f(x), unknown) in pixel
@@ -323,47 +317,58 @@ class OpenSetVote:
 
 
 # ------------------------------------------------------------------------------------------------
+def _outlier_ops(key: str, ops: Any) -> Dict[str, float]:
+    """Every op's weight (absent ops weigh 0)."""
+    if not isinstance(ops, Mapping) or set(ops) - set(OPS):
+        raise FedbenchError(f"algorithm.outlier_ops must map some of {', '.join(OPS)} to weights, got {ops!r}")
+    bad = {o: w for o, w in ops.items() if isinstance(w, bool) or not isinstance(w, (int, float))
+           or not math.isfinite(w) or w < 0}
+    if bad:
+        raise FedbenchError(f"algorithm.outlier_ops weights must be finite numbers >= 0, got {bad}")
+    weights = {o: float(ops.get(o, 0.0)) for o in OPS}
+    if sum(weights.values()) <= 0:
+        raise FedbenchError("algorithm.outlier_ops needs at least one op with a weight > 0")
+    return weights
+
+
+@dataclass(frozen=True)
+class FedOVOptions:
+    outlier_ops: Any = option(check=_outlier_ops)
+    outlier_weight: float = option(nonneg=True)
+    placeholder_weight: float = option(nonneg=True)
+    mixup_weight: float = option(nonneg=True)
+    adv_weight: float = option(nonneg=True)
+    adv_steps: int = option(minimum=0)
+    adv_step_size: float = option(positive=True)
+    adv_epsilon: float = option(positive=True)
+    vote: str = option(choices=VOTES)
+    accepted_votes: Optional[int] = option(minimum=1)
+    distill: bool = option()
+    distill_targets: str = option(choices=("hard", "soft"))
+    distill_epochs: int = option(minimum=0)
+    distill_lr: float = option(positive=True)
+    distill_optimizer: str = option(choices=("adam", "sgd"))
+    distill_momentum: float = option(nonneg=True)
+    distill_weight_decay: float = option(nonneg=True)
+    distill_batch_size: int = option(minimum=1)
+
+
 @ALGORITHMS.register("fedov")
 class FedOV(Algorithm):
     name = "fedov"
-    KEYS = ("outlier_ops", "outlier_weight", "placeholder_weight", "mixup_weight", "adv_weight", "adv_steps",
-            "adv_step_size", "adv_epsilon", "vote", "accepted_votes", "distill", "distill_targets", "distill_epochs",
-            "distill_lr", "distill_optimizer", "distill_momentum", "distill_weight_decay", "distill_batch_size")
+    Options = FedOVOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, self.KEYS, self.name)
-        ops = c.get("outlier_ops", DEFAULT_OPS)
-        if not isinstance(ops, Mapping) or set(ops) - set(OPS):
-            raise FedbenchError(f"algorithm.outlier_ops must map some of {', '.join(OPS)} to weights, got {ops!r}")
-        bad = {o: w for o, w in ops.items() if isinstance(w, bool) or not isinstance(w, (int, float))
-               or not math.isfinite(w) or w < 0}
-        if bad:
-            raise FedbenchError(f"algorithm.outlier_ops weights must be finite numbers >= 0, got {bad}")
-        self.ops = {o: float(ops.get(o, 0.0)) for o in OPS}
-        if sum(self.ops.values()) <= 0:
-            raise FedbenchError("algorithm.outlier_ops needs at least one op with a weight > 0")
-        self.w_out = cfg_num(c, "outlier_weight", 1.0, nonneg=True)
-        self.w_ph = cfg_num(c, "placeholder_weight", 1.0, nonneg=True)
-        self.w_mix = cfg_num(c, "mixup_weight", 0.01, nonneg=True)
-        self.w_adv = cfg_num(c, "adv_weight", 1.0, nonneg=True)
-        self.adv_steps = cfg_int(c, "adv_steps", 5, minimum=0)
-        self.adv_step = cfg_num(c, "adv_step_size", 0.002, positive=True)
-        self.adv_eps = cfg_num(c, "adv_epsilon", 0.5, positive=True)
-        self.vote = cfg_choice(c, "vote", "soft", VOTES)
-        acc = c.get("accepted_votes")
-        self.accepted = None if acc is None else cfg_int(c, "accepted_votes", None, minimum=1)
+        o = read_options(self.Options, cfg, self.name)
+        self.ops, self.w_out, self.w_ph, self.w_mix = o.outlier_ops, o.outlier_weight, o.placeholder_weight, o.mixup_weight
+        self.w_adv, self.adv_steps, self.adv_step, self.adv_eps = o.adv_weight, o.adv_steps, o.adv_step_size, o.adv_epsilon
+        self.vote, self.accepted = o.vote, o.accepted_votes
         if self.accepted is not None and self.vote != "soft":
             raise FedbenchError("algorithm.accepted_votes applies to vote: soft only")
-        self.distill = cfg_bool(c, "distill", True)
-        self.distill_targets = cfg_choice(c, "distill_targets", "hard", ("hard", "soft"))
-        self.distill_epochs = cfg_int(c, "distill_epochs", 100, minimum=0)
-        self.distill_lr = cfg_num(c, "distill_lr", 1e-3, positive=True)
-        self.distill_opt = cfg_choice(c, "distill_optimizer", "adam", ("adam", "sgd"))
-        self.distill_momentum = cfg_num(c, "distill_momentum", 0.0, nonneg=True)
-        self.distill_wd = cfg_num(c, "distill_weight_decay", 1e-5, nonneg=True)
-        self.distill_bs = cfg_int(c, "distill_batch_size", 32, minimum=1)
+        self.distill, self.distill_targets, self.distill_epochs = o.distill, o.distill_targets, o.distill_epochs
+        self.distill_lr, self.distill_opt, self.distill_momentum = o.distill_lr, o.distill_optimizer, o.distill_momentum
+        self.distill_wd, self.distill_bs = o.distill_weight_decay, o.distill_batch_size
 
         if setup.task != "classification":
             raise FedbenchError(f"fedov needs a classification task, got {setup.task!r}")
@@ -535,19 +540,16 @@ class FedOV(Algorithm):
                                   weight_decay=self.distill_wd)
         gen = method_generator("fedov", s.seed, round_idx, 0, tag=1)   # tag 1: the server (clients use tag 0)
         student.train()
+
+        def batch_loss(b: Tensor) -> Tensor:
+            out = student(xs[b])
+            if self.distill_targets == "hard":
+                return F.cross_entropy(out, target[b])
+            return -(target[b] * F.log_softmax(out, 1)).sum(1).mean()   # CE to the vote's distribution (KL + const)
+
         trace = []
         for ep in range(self.distill_epochs):
-            t0, tot, nb = time.perf_counter(), 0.0, 0
-            for b in torch.split(torch.randperm(len(xs), generator=gen), self.distill_bs):
-                b = b.to(dev)
-                out = student(xs[b])
-                if self.distill_targets == "hard":
-                    loss = F.cross_entropy(out, target[b])
-                else:   # cross-entropy to the vote's distribution (= KL up to a constant)
-                    loss = -(target[b] * F.log_softmax(out, 1)).sum(1).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                tot, nb = tot + float(loss.detach()), nb + 1
-            trace.append({"epoch": ep + 1, "kd_loss": tot / max(nb, 1), "kd_s": time.perf_counter() - t0})
+            t0 = time.perf_counter()
+            loss = distill_epoch(len(xs), self.distill_bs, gen, dev, batch_loss, opt)
+            trace.append({"epoch": ep + 1, "kd_loss": loss, "kd_s": time.perf_counter() - t0})
         return {n: p.detach().clone() for n, p in student.named_parameters()}, trace

@@ -6,27 +6,31 @@ the FedLap paper's alpha grid reads (fedlap.md §1.8).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fedbench.algorithms.base import ALGORITHMS
-from fedbench.algorithms.fedavg import FedAvg
-from fedbench.errors import FedbenchError
+from fedbench.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedbench.algorithms.options import option
 from fedbench.train.engine import LocalObjective
 from fedbench.train.terms import ProximalTerm
+
+
+@dataclass(frozen=True)
+class FedProxOptions(FedAvgOptions):
+    mu: float = option(nonneg=True)
+    scale: str = option(choices=("mean", "sum"))
 
 
 @ALGORITHMS.register("fedprox")
 class FedProx(FedAvg):
     name = "fedprox"
+    Options = FedProxOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        self.mu = float(self.cfg.get("mu", 0.01))
-        self.scale = self.cfg.get("scale", "mean")
-        if self.mu < 0:
-            raise FedbenchError(f"algorithm.mu must be >= 0, got {self.mu}")
-        if self.scale not in ("mean", "sum"):
-            raise FedbenchError(f"algorithm.scale must be mean or sum, got '{self.scale}'")
+        self.mu, self.scale = self.opts.mu, self.opts.scale
 
     def client_stage_key(self, round_idx):
         if round_idx != 1:

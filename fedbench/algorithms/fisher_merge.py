@@ -13,13 +13,14 @@ No server validation.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedbench.algorithms import compression as C
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
-from fedbench.algorithms.fedfisher import (FISHERS, WEIGHTINGS, FisherClient, fisher_name,
-                                           decode_params, encode_params, weighted_sum)
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice, integer as cfg_int,
-                                         number as cfg_num)
+from fedbench.algorithms.fedfisher import (WEIGHTINGS, FisherClient, bits_option, decode_params, encode_params,
+                                           fisher_option, weighted_sum)
+from fedbench.algorithms.options import option, read_options
 
 FLOOR_MODES = ("fallback_fedavg", "clamp")
 
@@ -38,30 +39,38 @@ def fisher_merge(Ws, Fs, p, floor: float = 1e-6, floor_mode: str = "fallback_fed
     return out
 
 
+@dataclass(frozen=True)
+class FisherMergeOptions:
+    fisher: str = option(check=fisher_option)
+    weighting: str = option(choices=WEIGHTINGS)
+    floor: float = option(nonneg=True)
+    floor_mode: str = option(choices=FLOOR_MODES)
+    compression: bool = option()
+    weight_bits: int = option(check=bits_option)
+    fisher_bits: int = option(check=bits_option)
+    curvature_batch_size: int = option(minimum=1)
+
+
 @ALGORITHMS.register("fisher_merge")
 class FisherMerge(Algorithm):
     name = "fisher_merge"
-    KEYS = ("fisher", "weighting", "floor", "floor_mode", "compression", "weight_bits", "fisher_bits",
-            "curvature_batch_size")
+    Options = FisherMergeOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, self.KEYS, self.name)
-        c = self.cfg
-        self.fisher = cfg_choice({**c, "fisher": fisher_name(c.get("fisher", "true"))}, "fisher", "true", FISHERS)
-        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
-        self.floor = cfg_num(c, "floor", 1e-6, nonneg=True)
-        self.floor_mode = cfg_choice(c, "floor_mode", "fallback_fedavg", FLOOR_MODES)
-        self.compression = cfg_bool(c, "compression", True)
-        self.weight_bits = C.check_bits("weight_bits", c.get("weight_bits", 16))
-        self.fisher_bits = C.check_bits("fisher_bits", c.get("fisher_bits", 16))
-        self.fisher_client = FisherClient(setup, self.fisher, cfg_int(c, "curvature_batch_size", 64, minimum=1))
+        o = read_options(self.Options, cfg, self.name)
+        self.fisher, self.weighting, self.floor, self.floor_mode = o.fisher, o.weighting, o.floor, o.floor_mode
+        self.compression, self.weight_bits, self.fisher_bits = o.compression, o.weight_bits, o.fisher_bits
+        self.fisher_client = FisherClient(setup, self.fisher, o.curvature_batch_size)
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        F = self.fisher_client.diag(client_id, params, round_idx)
+    def client_products(self, client_id, params, state, round_idx):
+        return [self.fisher_client.diag(client_id, params, round_idx)]
+
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        F = products["fisher"]["F"]
         wl = C.levels_for_bits(self.weight_bits) if self.compression else None
         fl = C.levels_for_bits(self.fisher_bits) if self.compression else None
         return Message(client_id, len(self.setup.client_indices[client_id]),

@@ -32,14 +32,17 @@ engine's gradient as is (cheaper, not the paper's Fisher). Both need ``local.opt
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message, weighted_average
 from fedbench.algorithms.common import client_weights
+from fedbench.algorithms.options import option, read_options
 from fedbench.curvature import OnlineDiagFisher, compute_curvature
+from fedbench.curvature.posterior import EPS_MODES, diag_gaussian_product
 from fedbench.errors import FedbenchError
 from fedbench.train.engine import LocalObjective, client_generator, data_loss, epoch_batches
 from fedbench.train.terms import QuadraticPriorTerm
@@ -49,42 +52,31 @@ Params = Dict[str, Tensor]
 PRIOR_GRADS = ("live", "detached_as_released")
 ROUND_SCALINGS = ("paper", "code")
 AGGREGATIONS = ("product", "mean")
-EPS_MODES = ("denominator", "per_client")
 FISHER_MODES = ("online", "offline")
 FISHER_GRADS = ("per_sample_sq", "minibatch_sq")
 FISHER_NORMALIZE = ("steps", "none")
 FISHER_GRADIENTS = ("task", "total")
 
-FOLA_DEFAULTS: Dict[str, Any] = {
-    "lambda_prior": 1.0, "prior_grad": "live", "prior_init_precision": 0.0, "round_scaling": "paper",
-    "aggregation": "product", "agg_eps": 1e-5, "agg_eps_mode": "denominator",
-}
-FISHER_DEFAULTS: Dict[str, Any] = {
-    "mode": "online", "grad": "per_sample_sq", "normalize": "steps", "gradient": "task", "chunk_size": 256,
-}
+
+@dataclass(frozen=True)
+class FolaFisherOptions:
+    mode: str = option(choices=FISHER_MODES)
+    grad: str = option(choices=FISHER_GRADS)
+    normalize: str = option(choices=FISHER_NORMALIZE)
+    gradient: str = option(choices=FISHER_GRADIENTS)
+    chunk_size: int = option(minimum=1)
 
 
-# ---- config helpers (shared with fedcurv) ---------------------------------------------------------
-def check_keys(cfg: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-    unknown = sorted(set(cfg) - set(known))
-    if unknown:
-        raise FedbenchError(f"{where} has no key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-
-
-def choice(value: Any, allowed: Sequence[str], key: str) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        raise FedbenchError(f"{key} must be one of {' | '.join(allowed)}, got {value!r}")
-    return value
-
-
-def nonneg(value: Any, key: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise FedbenchError(f"{key} must be a number >= 0, got {value!r}") from None
-    if isinstance(value, bool) or not v >= 0 or v == float("inf"):
-        raise FedbenchError(f"{key} must be a finite number >= 0, got {value!r}")
-    return v
+@dataclass(frozen=True)
+class FolaOptions:
+    lambda_prior: float = option(nonneg=True)
+    prior_grad: str = option(choices=PRIOR_GRADS)
+    prior_init_precision: float = option(nonneg=True)
+    round_scaling: str = option(choices=ROUND_SCALINGS)
+    aggregation: str = option(choices=AGGREGATIONS)
+    agg_eps: float = option(nonneg=True)
+    agg_eps_mode: str = option(choices=EPS_MODES)
+    fisher: FolaFisherOptions = option()
 
 
 def loss_kind(setup) -> str:
@@ -92,33 +84,7 @@ def loss_kind(setup) -> str:
     return "mse" if getattr(setup, "task", "classification") == "regression" else "auto"
 
 
-# ---- server-side formulas ---------------------------------------------------------------------------
-def gaussian_product_diag(means: Sequence[Params], precisions: Sequence[Params], weights: Sequence[float], *,
-                          eps: float = 1e-5, eps_mode: str = "denominator") -> tuple[Params, Params]:
-    """Weighted product of diagonal Gaussians, Eq. 12: returns (μ_S, ω_S) with ω_S = Σ π_n ω_n and
-    μ_S = Σ π_n ω_n μ_n / (ω_S + ε) ("denominator", FOLA code) or Σ π_n (ω_n + ε) μ_n / (ω_S + ε)
-    ("per_client"). Weights are normalised to sum 1; computed in float64."""
-    choice(eps_mode, EPS_MODES, "agg_eps_mode")
-    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
-    w = (w / w.sum()).tolist()
-    mean, prec = {}, {}
-    for n in means[0]:
-        dt = means[0][n].dtype
-        num = torch.zeros_like(means[0][n], dtype=torch.float64)
-        den = torch.zeros_like(num)
-        mavg = torch.zeros_like(num)
-        for wi, mu, om in zip(w, means, precisions):
-            o = om[n].double()
-            num.add_(o * mu[n].double(), alpha=wi)
-            den.add_(o, alpha=wi)
-            mavg.add_(mu[n].double(), alpha=wi)
-        if eps_mode == "per_client":
-            num.add_(mavg, alpha=eps)
-        mean[n] = (num / (den + eps)).to(dt)
-        prec[n] = den.to(precisions[0][n].dtype)
-    return mean, prec
-
-
+# ---- server-side formulas (the Gaussian product, Eq. 12, is curvature.posterior.diag_gaussian_product) ----------
 def client_precision(fisher: Params, prior_precision: Params, round_idx: int, round_scaling: str,
                      mode: str) -> Params:
     """ω_n from the round's Fisher: Eq. 24 (paper) or the code's running sum (online) / reset (offline)."""
@@ -142,24 +108,21 @@ def _load(worker: torch.nn.Module, params: Params) -> None:
             p.copy_(params[n])
 
 
+def offline_fisher_product(setup, params: Params, client_id: int, *, grad: str, normalize: str = "none",
+                           chunk_size: int = 256) -> ClientProduct:
+    """Product ``fisher``: {"fisher": ``offline_diag_fisher`` at the trained weights}, cached with the client
+    stage when the round's local training is."""
+    parts = {"grad": grad, "normalize": normalize if grad == "minibatch_sq" else "mean"}
+    return ClientProduct("offline_diag_fisher", parts, params, label="fisher", compute=lambda worker: {
+        "fisher": offline_diag_fisher(setup, worker, params, client_id, grad=grad, normalize=normalize,
+                                      chunk_size=chunk_size)})
+
+
 def offline_diag_fisher(setup, worker: torch.nn.Module, params: Params, client_id: int, *, grad: str,
                         normalize: str = "none", chunk_size: int = 256) -> Params:
     """One pass over the client's data at ``params`` (FOLA-offline / FedCurv, §1.7, §2): per-sample squares
     (the exact diagonal empirical Fisher, mean over samples) or the code's Σ_b (|b|/N) g_b² over minibatches
-    of local.batch_size (``normalize: steps`` averages over the batches instead).
-
-    Cached with the client stage when the round's local training is (``FLSetup.cached``)."""
-    def compute():
-        return {"fisher": _offline_diag_fisher(setup, worker, params, client_id, grad, normalize, chunk_size)}
-
-    cached = getattr(setup, "cached", None)
-    if cached is None:
-        return compute()["fisher"]
-    parts = {"grad": grad, "normalize": normalize if grad == "minibatch_sq" else "mean"}
-    return cached("offline_diag_fisher", client_id, parts, compute)["fisher"]
-
-
-def _offline_diag_fisher(setup, worker, params, client_id, grad, normalize, chunk_size) -> Params:
+    of local.batch_size (``normalize: steps`` averages over the batches instead)."""
     idx = setup.client_indices[client_id]
     n = len(idx)
     _load(worker, params)
@@ -291,30 +254,17 @@ class FolaOnlineHook:
 @ALGORITHMS.register("fola")
 class FOLA(Algorithm):
     name = "fola"
+    Options = FolaOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, list(FOLA_DEFAULTS) + ["fisher"], "algorithm (fola)")
-        fisher = dict(c.get("fisher") or {})
-        check_keys(fisher, list(FISHER_DEFAULTS), "algorithm.fisher (fola)")
-        g = lambda k: c.get(k, FOLA_DEFAULTS[k])  # noqa: E731
-        f = lambda k: fisher.get(k, FISHER_DEFAULTS[k])  # noqa: E731
-        self.lam = nonneg(g("lambda_prior"), "algorithm.lambda_prior")
-        self.prior_grad = choice(g("prior_grad"), PRIOR_GRADS, "algorithm.prior_grad")
-        self.gamma = nonneg(g("prior_init_precision"), "algorithm.prior_init_precision")
-        self.round_scaling = choice(g("round_scaling"), ROUND_SCALINGS, "algorithm.round_scaling")
-        self.aggregation = choice(g("aggregation"), AGGREGATIONS, "algorithm.aggregation")
-        self.eps = nonneg(g("agg_eps"), "algorithm.agg_eps")
-        self.eps_mode = choice(g("agg_eps_mode"), EPS_MODES, "algorithm.agg_eps_mode")
-        self.fisher_mode = choice(f("mode"), FISHER_MODES, "algorithm.fisher.mode")
-        self.fisher_grad = choice(f("grad"), FISHER_GRADS, "algorithm.fisher.grad")
-        self.fisher_normalize = choice(f("normalize"), FISHER_NORMALIZE, "algorithm.fisher.normalize")
-        self.fisher_gradient = choice(f("gradient"), FISHER_GRADIENTS, "algorithm.fisher.gradient")
-        chunk = f("chunk_size")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise FedbenchError(f"algorithm.fisher.chunk_size must be an integer >= 1, got {chunk!r}")
-        self.chunk = chunk
+        o = read_options(self.Options, cfg, self.name)
+        self.lam, self.prior_grad, self.gamma = o.lambda_prior, o.prior_grad, o.prior_init_precision
+        self.round_scaling, self.aggregation, self.eps, self.eps_mode = \
+            o.round_scaling, o.aggregation, o.agg_eps, o.agg_eps_mode
+        f = o.fisher
+        self.fisher_mode, self.fisher_grad, self.fisher_normalize = f.mode, f.grad, f.normalize
+        self.fisher_gradient, self.chunk = f.gradient, f.chunk_size
         if self.fisher_gradient == "total" and self.fisher_grad == "per_sample_sq":
             raise FedbenchError("algorithm.fisher.gradient: total squares the engine's minibatch gradient; "
                                 "use it with fisher.grad: minibatch_sq (per_sample_sq always uses the task loss)")
@@ -362,14 +312,17 @@ class FOLA(Algorithm):
             hooks = [self._hook]
         return LocalObjective(terms=terms, shared_ctx=shared, step_hooks=hooks)
 
-    def client_fisher(self, client_id, params) -> Params:
-        if self.fisher_mode == "online":
-            return self._hook[client_id].fisher(self.fisher_normalize)
-        return offline_diag_fisher(self.setup, self._worker, params, client_id, grad=self.fisher_grad,
-                                   normalize=self.fisher_normalize, chunk_size=self.chunk)
+    def client_products(self, client_id, params, state, round_idx):
+        if self.fisher_mode == "online":   # accumulated during training (the hook)
+            return []
+        return [offline_fisher_product(self.setup, params, client_id, grad=self.fisher_grad,
+                                       normalize=self.fisher_normalize, chunk_size=self.chunk)]
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        fisher = self.client_fisher(client_id, params)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        if self.fisher_mode == "online":
+            fisher = self._hook[client_id].fisher(self.fisher_normalize)
+        else:
+            fisher = products["fisher"]["fisher"]
         omega = client_precision(fisher, state["precision"], round_idx, self.round_scaling, self.fisher_mode)
         omega = {n: omega[n].to(params[n].dtype) for n in params}
         n = len(self.setup.client_indices[client_id])
@@ -381,7 +334,7 @@ class FOLA(Algorithm):
         means = [m.payload["params"] for m in messages]
         precs = [m.payload["precision"] for m in messages]
         if self.aggregation == "product":
-            mu, omega = gaussian_product_diag(means, precs, w, eps=self.eps, eps_mode=self.eps_mode)
+            mu, omega = diag_gaussian_product(means, precs, w, eps=self.eps, eps_mode=self.eps_mode)
         else:
             mu, omega = weighted_average(means, w), weighted_average(precs, w)
         self._hook = None

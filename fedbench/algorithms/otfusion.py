@@ -36,7 +36,7 @@ CNN, SimpleCNN) and resnet18_nobn / resnet18_mod / resnet18_tiny.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights
-from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, integer as cfg_int
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 from fedbench.models.resnet import BasicBlock, ResNet18NoBN
 
@@ -325,30 +325,36 @@ def otfusion(clients: Sequence[Params], p: Sequence[float], layers: Sequence[Lay
     return {n: t.to(clients[pivot][n].dtype) for n, t in out.items()}
 
 
-def _flag(cfg, key: str):
-    v = cfg.get(key, "select")
+def _flag(key: str, v: Any):
     if v == "select" or isinstance(v, bool):
         return v
     raise FedbenchError(f"algorithm.{key} must be select, true or false, got {v!r}")
 
 
+@dataclass(frozen=True)
+class OTFusionOptions:
+    correction: Any = option(check=_flag)
+    past_correction: Any = option(check=_flag)
+    ground_metric: str = option(choices=("sq_euclidean", "euclidean"))
+    pivot: int = option(minimum=0)
+    align_last_layer: bool = option()
+    weighting: str = option(choices=("num_samples", "uniform"))
+
+
 @ALGORITHMS.register("otfusion")
 class OTFusion(Algorithm):
     name = "otfusion"
-    KEYS = ("correction", "past_correction", "ground_metric", "pivot", "align_last_layer", "weighting")
+    Options = OTFusionOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, self.KEYS, self.name)
-        self.correction = _flag(c, "correction")
-        self.past_correction = _flag(c, "past_correction")
-        self.squared = cfg_choice(c, "ground_metric", "sq_euclidean", ("sq_euclidean", "euclidean")) == "sq_euclidean"
-        self.pivot = cfg_int(c, "pivot", 0, minimum=0)
+        o = read_options(self.Options, cfg, self.name)
+        self.correction, self.past_correction = o.correction, o.past_correction
+        self.squared = o.ground_metric == "sq_euclidean"
+        self.pivot = o.pivot
         if self.pivot >= setup.num_clients:
             raise FedbenchError(f"algorithm.pivot must be < num_clients ({setup.num_clients}), got {self.pivot}")
-        self.align_last = cfg_bool(c, "align_last_layer", False)
-        self.weighting = cfg_choice(c, "weighting", "num_samples", ("num_samples", "uniform"))
+        self.align_last, self.weighting = o.align_last_layer, o.weighting
         self.layers = fusion_layers(setup.model, self.name, model_name(setup))
         try:    # imported here (it takes seconds) so that it is not counted as server time
             import ot  # noqa: F401

@@ -33,6 +33,7 @@ clients', which a residual sum cannot take without matching the streams jointly,
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -41,8 +42,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
-from fedbench.algorithms.options import (boolean as cfg_bool, check_keys, choice as cfg_choice,
-                                        integer as cfg_int, number as cfg_num)
+from fedbench.algorithms.options import option, read_options
 from fedbench.algorithms.otfusion import Layer, layer_chain, model_name
 from fedbench.errors import FedbenchError
 
@@ -191,23 +191,29 @@ def pfnm(clients: Sequence[Params], class_counts: np.ndarray, layers: Sequence[L
     return out, widths
 
 
+@dataclass(frozen=True)
+class PFNMOptions:
+    sigma: float = option(positive=True)
+    sigma0: float = option(positive=True)
+    gamma: float = option(positive=True)
+    iterations: int = option(minimum=0)
+    mu0_bias: float = option()
+    dummy_bias: bool = option()
+    prior_bias_slot: str = option(choices=("bias", "first_column"))
+    max_global: int = option(minimum=1)
+
+
 @ALGORITHMS.register("pfnm")
 class PFNM(Algorithm):
     name = "pfnm"
-    KEYS = ("sigma", "sigma0", "gamma", "iterations", "mu0_bias", "dummy_bias", "prior_bias_slot", "max_global")
+    Options = PFNMOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        c = self.cfg
-        check_keys(c, self.KEYS, self.name)
-        self.sigma = cfg_num(c, "sigma", 1.0, positive=True)
-        self.sigma0 = cfg_num(c, "sigma0", 1.0, positive=True)
-        self.gamma = cfg_num(c, "gamma", 7.0, positive=True)
-        self.iterations = cfg_int(c, "iterations", 5, minimum=0)
-        self.mu0_bias = cfg_num(c, "mu0_bias", 0.1)
-        self.dummy_bias = cfg_bool(c, "dummy_bias", True)
-        self.prior_bias_slot = cfg_choice(c, "prior_bias_slot", "bias", ("bias", "first_column"))
-        self.cap = cfg_int(c, "max_global", 700, minimum=1)
+        o = read_options(self.Options, cfg, self.name)
+        self.sigma, self.sigma0, self.gamma, self.iterations = o.sigma, o.sigma0, o.gamma, o.iterations
+        self.mu0_bias, self.dummy_bias, self.prior_bias_slot = o.mu0_bias, o.dummy_bias, o.prior_bias_slot
+        self.cap = o.max_global
         if setup.task != "classification":
             raise FedbenchError("pfnm needs a classification task (its output layer is averaged by class counts)")
         # chains only (FedFisher/FedBEns leave PFNM out of their ResNet tables): a one-line error before training
@@ -222,7 +228,7 @@ class PFNM(Algorithm):
             raise FedbenchError("pfnm is one-shot (rounds=1): its matched model is wider than the clients' model")
         return state["params"]
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         idx = self.setup.client_indices[client_id]
         y = self.setup.train.y[idx].long().cpu()
         counts = torch.bincount(y, minlength=self.num_classes)[: self.num_classes]

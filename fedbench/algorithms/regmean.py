@@ -16,19 +16,19 @@ Every other parameter (convolutions, biases: RegMean merges only Linear weights)
 """
 from __future__ import annotations
 
-import copy
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from fedbench.algorithms import compression as C
-from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
+from fedbench.algorithms.base import ALGORITHMS, Algorithm, ClientProduct, Message
 from fedbench.algorithms.common import NO_CLIENT_DATA, client_weights, method_generator
-from fedbench.algorithms.fedfisher import (WEIGHTINGS, decode_any, decode_params, encode_params,
-                                           weighted_sum)
-from fedbench.algorithms.options import boolean as cfg_bool, check_keys, choice as cfg_choice, number as cfg_num
+from fedbench.algorithms.fedfisher import (WEIGHTINGS, bits_option, decode_any, decode_params, encode_params,
+                                           levels_option, rank_option, weighted_sum)
+from fedbench.algorithms.options import option, read_options
 from fedbench.errors import FedbenchError
 
 Params = Dict[str, Tensor]
@@ -91,76 +91,72 @@ def compute_grams(model: nn.Module, x: Tensor, modules: Dict[str, str], batch_si
     return {m: (sums[m] / counts[m]).float() for m in modules}
 
 
+def _alphas(key: str, alphas: Any) -> List[float]:
+    try:
+        alphas = [float(a) for a in alphas]
+    except (TypeError, ValueError):
+        raise FedbenchError(f"algorithm.alphas must be a list of numbers in [0, 1], got {alphas!r}") from None
+    if not alphas or any(not 0.0 <= a <= 1.0 for a in alphas):
+        raise FedbenchError(f"algorithm.alphas must be a non-empty list of numbers in [0, 1], got {alphas!r}")
+    return alphas
+
+
+@dataclass(frozen=True)
+class RegMeanOptions:
+    alphas: Any = option(check=_alphas)
+    weighting: str = option(choices=WEIGHTINGS)
+    other_params: str = option(choices=OTHER)
+    gram_max_samples: Optional[int] = option(minimum=1)
+    compression: bool = option()
+    weight_bits: int = option(check=bits_option)
+    gram_bits: int = option(check=bits_option)
+    gram_levels: str = option(check=levels_option)
+    gram_rank: Any = option(check=rank_option)
+    pinv_rtol: float = option(nonneg=True)
+
+
 @ALGORITHMS.register("regmean")
 class RegMean(Algorithm):
     name = "regmean"
-    KEYS = ("alphas", "weighting", "other_params", "gram_max_samples", "compression", "weight_bits", "gram_bits",
-            "gram_levels", "gram_rank", "pinv_rtol")
+    Options = RegMeanOptions
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        check_keys(self.cfg, self.KEYS, self.name)
-        c = self.cfg
-        alphas = c.get("alphas", [0.1, 0.9])
-        try:
-            alphas = [float(a) for a in alphas]
-        except (TypeError, ValueError):
-            raise FedbenchError(f"algorithm.alphas must be a list of numbers in [0, 1], got {alphas!r}") from None
-        if not alphas or any(not 0.0 <= a <= 1.0 for a in alphas):
-            raise FedbenchError(f"algorithm.alphas must be a non-empty list of numbers in [0, 1], got {alphas!r}")
-        self.alphas = alphas
-        self.weighting = cfg_choice(c, "weighting", "num_samples", WEIGHTINGS)
-        self.other = cfg_choice(c, "other_params", "uniform", OTHER)
-        gm = c.get("gram_max_samples", 16000)
-        if gm is not None and (isinstance(gm, bool) or not isinstance(gm, int) or gm < 1):
-            raise FedbenchError(f"algorithm.gram_max_samples must be a positive integer or null, got {gm!r}")
-        self.gram_max = gm
-        self.compression = cfg_bool(c, "compression", True)
-        self.weight_bits = C.check_bits("weight_bits", c.get("weight_bits", 16))
-        self.gram_bits = C.check_bits("gram_bits", c.get("gram_bits", 8))
-        gl = c.get("gram_levels", "code")
-        if gl not in ("code", "paper"):
-            raise FedbenchError(f"algorithm.gram_levels must be code or paper, got {gl!r}")
-        self.gram_levels = 2 ** self.gram_bits - 1 if gl == "code" else C.levels_for_bits(self.gram_bits)
-        self.pinv_rtol = cfg_num(c, "pinv_rtol", 1e-15, nonneg=True)
+        o = read_options(self.Options, cfg, self.name)
+        self.alphas, self.weighting, self.other, self.gram_max = o.alphas, o.weighting, o.other_params, o.gram_max_samples
+        self.compression, self.weight_bits, self.gram_bits = o.compression, o.weight_bits, o.gram_bits
+        self.gram_levels = 2 ** self.gram_bits - 1 if o.gram_levels == "code" else C.levels_for_bits(self.gram_bits)
+        self.pinv_rtol = o.pinv_rtol
         self.modules = linear_weights(setup.model)
         if not self.modules:
             raise FedbenchError("regmean needs at least one trainable nn.Linear layer in the model")
-        rank = c.get("gram_rank", "budget")
-        if rank == "budget":
+        if o.gram_rank == "budget":
             d = sum(p.numel() for p in setup.model.parameters() if p.requires_grad)
             params = dict(setup.model.named_parameters())
             sides = [params[w].shape[1] for w in self.modules.values()]
             self.rank = C.budget_rank(d, sides, self.gram_bits)
-        elif isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1:
-            self.rank = int(rank)
         else:
-            raise FedbenchError(f"algorithm.gram_rank must be 'budget' or a positive integer, got {rank!r}")
+            self.rank = o.gram_rank
         if len(self.alphas) > 1:
             setup.require_server_val(self.name)
-        self._worker: Optional[nn.Module] = None
 
     def client_stage_key(self, round_idx):
         return {} if round_idx == 1 else None
 
-    def _grams(self, client_id: int, params: Params) -> Dict[str, Tensor]:
-        def compute():
+    def client_products(self, client_id, params, state, round_idx):
+        """Product ``grams``: {"G": {module: the Gram matrix of its inputs}} on (up to gram_max of) the client's data."""
+        def compute(worker):
             idx = self.setup.client_indices[client_id]
             if len(idx) == 0:
                 return {"G": {m: torch.zeros(params[w].shape[1], params[w].shape[1]) for m, w in self.modules.items()}}
             if self.gram_max is not None and len(idx) > self.gram_max:
                 g = method_generator("regmean", self.setup.seed, client_id=client_id)
                 idx = idx[torch.randperm(len(idx), generator=g)[: self.gram_max].to(idx.device)]
-            if self._worker is None:
-                self._worker = copy.deepcopy(self.setup.model)
-            with torch.no_grad():
-                for n, p in self._worker.named_parameters():
-                    p.copy_(params[n])
-            return {"G": compute_grams(self._worker, self.setup.train.inputs(idx), self.modules)}
-        return self.setup.cached("regmean_gram", client_id, {"max_samples": self.gram_max}, compute)["G"]
+            return {"G": compute_grams(worker, self.setup.train.inputs(idx), self.modules)}
+        return [ClientProduct("regmean_gram", {"max_samples": self.gram_max}, params, compute, label="grams")]
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
-        G = self._grams(client_id, params)
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
+        G = products["grams"]["G"]
         if self.compression:
             grams = {m: C.encode_lowrank(g, self.rank, self.gram_levels) for m, g in G.items()}
             wl = C.levels_for_bits(self.weight_bits)

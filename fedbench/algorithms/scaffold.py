@@ -8,16 +8,29 @@ are zero, so one-shot SCAFFOLD trains exactly like FedAvg (fedlpa.md §0).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
+from fedbench.algorithms.options import read_options
 from fedbench.train.engine import LocalObjective
 from fedbench.train.terms import LinearTerm
+
+
+@dataclass(frozen=True)
+class ScaffoldOptions:
+    """No options."""
 
 
 @ALGORITHMS.register("scaffold")
 class Scaffold(Algorithm):
     name = "scaffold"
+    Options = ScaffoldOptions
+
+    def __init__(self, cfg, setup):
+        super().__init__(cfg, setup)
+        read_options(self.Options, cfg, self.name)
 
     def init_state(self, params):
         zeros = {n: torch.zeros_like(t) for n, t in params.items()}
@@ -35,7 +48,7 @@ class Scaffold(Algorithm):
         ctx = [{"linear": {n: c[n] - state["c_clients"][k][n] for n in c}} for k in client_ids]
         return LocalObjective(terms=[LinearTerm(1.0)], client_ctx=ctx)
 
-    def client_message(self, client_id, params, result, pos, state, round_idx):
+    def client_message(self, client_id, params, result, pos, state, round_idx, products):
         tau = result.steps[pos]
         lr = self.setup.local.lr
         c, ck = state["c"], state["c_clients"][client_id]

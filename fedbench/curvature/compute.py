@@ -9,8 +9,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from fedbench.curvature import likelihood as lik
-from fedbench.curvature.engine import (CONV_CONVENTIONS, DiagHooks, GradsHooks, KFACHooks, Layer, MultiHooks,
-                                       execution_order, find_layers, run_func, run_hooks)
+from fedbench.curvature.engine import (CONV_CONVENTIONS, INPUT_FACTORS, DiagHooks, GradsHooks, KFACHooks, Layer,
+                                       MultiHooks, execution_order, find_layers, run_func, run_hooks)
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.structures import (Curvature, DenseBlock, DenseCurvature, DiagCurvature,
                                            DiagLastLayerFullCurvature, KFACCurvature, KronBlock,
@@ -32,7 +32,8 @@ def _check(kind: str, value, allowed: Sequence[str]) -> None:
 def compute_curvature(model: nn.Module, x: Tensor, y: Tensor, *, structure: str, fisher: str = "empirical",
                       scale: str = "mean", conv_convention: str = "expand", bias_augment: bool = True,
                       batch_size: int = 256, mc_samples: int = 1, generator: Optional[torch.Generator] = None,
-                      loss: str = "auto", backend: str = "auto", train_mode: bool = False) -> Curvature:
+                      loss: str = "auto", backend: str = "auto", train_mode: bool = False,
+                      kfac_input_factor: str = "patches") -> Curvature:
     """Curvature of the model's negative log-likelihood on (x, y) at the current weights.
 
     structure: "diag" | "kfac" | "full" | "layer_blocks" | "diag_lastlayer_full".
@@ -55,6 +56,9 @@ def compute_curvature(model: nn.Module, x: Tensor, y: Tensor, *, structure: str,
         sample by sample), so "auto" does not route through curvlinops; MC labels differ between
         the two (each draws its own).
 
+    kfac_input_factor (kfac, hooks backend): "patches" (default; the committed results' bits) or "gram"
+        (opt-in, about 2x faster conv A factors on 28x28 inputs, equal to float rounding; see ``KFACHooks``).
+
     train_mode: evaluate the model in train mode (dropout active) instead of the default eval mode;
         the modules' modes are restored afterwards. (No fedbench model has BatchNorm; only dropout
         differs, and the papers' Fisher passes run on dropout-free models.)
@@ -69,7 +73,8 @@ def compute_curvature(model: nn.Module, x: Tensor, y: Tensor, *, structure: str,
     try:
         out = _compute(model, x, y, structure=structure, fisher=fisher, scale=scale,
                        conv_convention=conv_convention, bias_augment=bias_augment, batch_size=batch_size,
-                       mc_samples=mc_samples, generator=generator, loss=loss, backend=backend)
+                       mc_samples=mc_samples, generator=generator, loss=loss, backend=backend,
+                       kfac_input_factor=kfac_input_factor)
     finally:
         for m, t in modes:
             m.training = t
@@ -91,12 +96,13 @@ def curvature_seconds() -> float:
 
 
 def _compute(model, x, y, *, structure, fisher, scale, conv_convention, bias_augment, batch_size, mc_samples,
-             generator, loss, backend) -> Curvature:
+             generator, loss, backend, kfac_input_factor="patches") -> Curvature:
     _check("structure", structure, STRUCTURES)
     _check("fisher type", fisher, FISHER_TYPES)
     _check("scale", scale, SCALES)
     _check("conv convention", conv_convention, CONV_CONVENTIONS)
     _check("backend", backend, BACKENDS)
+    _check("kfac_input_factor", kfac_input_factor, INPUT_FACTORS)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise FedbenchError(f"curvature batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(mc_samples, int) or isinstance(mc_samples, bool) or mc_samples < 1:
@@ -137,8 +143,9 @@ def _compute(model, x, y, *, structure, fisher, scale, conv_convention, bias_aug
                                    conv_convention=conv_convention, bias_augment=bias_augment, **kw)
         if fisher == "hessian":
             raise FedbenchError("K-FAC of the Hessian is not provided; use fisher 'ggn'")
-        acc = KFACHooks(layers, conv_convention)
+        acc = KFACHooks(layers, conv_convention, kfac_input_factor)
         run_hooks(model, layers, x, y, kind, fisher, acc, **kw)
+        acc.finish()
         blocks = kfac_blocks(acc, layers, layout, N=N, norm=norm, bias_augment=bias_augment)
         return KFACCurvature(layout, blocks, convention=conv_convention, bias_augment=bias_augment, **common)
 

@@ -91,18 +91,59 @@ def _conv_pad(mod: nn.Conv2d, x: Tensor) -> Tensor:
     return F.pad(x, (pw, pw, ph, ph)) if (ph or pw) else x
 
 
-def conv_patches(mod: nn.Conv2d, a: Tensor) -> Tensor:
-    """Unfolded convolution input, [N, J, S] contiguous (J = C_in·kh·kw in the order of
-    ``weight.reshape(C_out, -1)``, S = H_out·W_out locations; ``F.unfold``'s layout), built from one
-    strided view and one copy (several times faster than ``F.unfold`` on CPU)."""
-    a = _conv_pad(mod, a).contiguous()
+def _patch_view(mod: nn.Conv2d, a: Tensor) -> Tensor:
+    """Strided view [N, C_in, kh, kw, H_out, W_out] of the padded input: no copy."""
+    return _strided_patches(mod, _conv_pad(mod, a).contiguous())
+
+
+def _strided_patches(mod: nn.Conv2d, a: Tensor) -> Tensor:
     N, C, H, W = a.shape
     (kh, kw), (sh, sw), (dh, dw) = mod.kernel_size, mod.stride, mod.dilation
     Ho = (H - dh * (kh - 1) - 1) // sh + 1
     Wo = (W - dw * (kw - 1) - 1) // sw + 1
     sN, sC, sH, sW = a.stride()
-    view = a.as_strided((N, C, kh, kw, Ho, Wo), (sN, sC, sH * dh, sW * dw, sH * sh, sW * sw))
-    return view.reshape(N, C * kh * kw, Ho * Wo)
+    return a.as_strided((N, C, kh, kw, Ho, Wo), (sN, sC, sH * dh, sW * dw, sH * sh, sW * sw))
+
+
+def patch_index(mod: nn.Conv2d, padded_chw: Tuple[int, int, int], device) -> Tensor:
+    """[J, S] positions in the flattened padded input (C·H·W) that ``conv_patches`` reads: patch entry
+    (j, s) of a sample is ``padded_input.flatten()[index[j, s]]``."""
+    pos = torch.arange(int(torch.tensor(padded_chw).prod()), device=device).view(1, *padded_chw)
+    view = _strided_patches(mod, pos)
+    return view.reshape(view.shape[1] * view.shape[2] * view.shape[3], -1)
+
+
+def conv_patches(mod: nn.Conv2d, a: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """Unfolded convolution input, [N, J, S] contiguous (J = C_in·kh·kw in the order of
+    ``weight.reshape(C_out, -1)``, S = H_out·W_out locations; ``F.unfold``'s layout), built from one
+    strided view and one copy (several times faster than ``F.unfold`` on CPU), into ``out`` if given."""
+    view = _patch_view(mod, a)
+    N, C, kh, kw, Ho, Wo = view.shape
+    if out is None:
+        return view.reshape(N, C * kh * kw, Ho * Wo)
+    out.view(view.shape).copy_(view)
+    return out
+
+
+def conv_patches_flat(mod: nn.Conv2d, a: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """The patches as one matrix [J, N·S] (= ``conv_patches(..).transpose(0, 1).reshape(J, N·S)``, same values
+    and layout), copied straight from the strided view (one copy instead of two)."""
+    view = _patch_view(mod, a).permute(1, 2, 3, 0, 4, 5)
+    C, kh, kw, N, Ho, Wo = view.shape
+    if out is None:
+        return view.reshape(C * kh * kw, N * Ho * Wo)
+    out.view(view.shape).copy_(view)
+    return out
+
+
+def patch_shape(layer: "Layer", a: Tensor) -> Tuple[int, int, int]:
+    """(N, J, S) of ``input_patches(layer, a)`` without building them."""
+    if layer.is_conv:
+        N, C, kh, kw, Ho, Wo = _patch_view(layer.module, a).shape
+        return N, C * kh * kw, Ho * Wo
+    if a.dim() == 2:
+        return a.shape[0], a.shape[1], 1
+    return a.shape[0], a.shape[-1], a[0, ..., 0].numel()
 
 
 def input_patches(layer: Layer, a: Tensor) -> Tensor:
@@ -162,6 +203,50 @@ class _Capture:
                                     "use curvature backend 'func'")
 
 
+class Patches:
+    """Each layer's input as patches for one chunk, built on first use (a consumer that needs only the
+    [J, N·S] matrix never pays for the [N, J, S] copy), in buffers reused across chunks: on a CPU a large
+    fresh allocation is page-faulted on every chunk, which costs about as much as the copy itself."""
+
+    def __init__(self, layers: Sequence[Layer]):
+        self.layers = {l.name: l for l in layers}
+        self._inputs: Dict[str, Tensor] = {}
+        self._made: Dict[tuple, Tensor] = {}
+        self._buffers: Dict[tuple, Tensor] = {}
+
+    def new_chunk(self, inputs: Dict[str, Tensor]) -> None:
+        self._inputs = inputs
+        self._made = {}
+
+    def shape(self, name: str) -> Tuple[int, int, int]:
+        return patch_shape(self.layers[name], self._inputs[name])
+
+    def input(self, name: str) -> Tensor:
+        """The layer's (detached) input as captured."""
+        return self._inputs[name]
+
+    def __getitem__(self, name: str) -> Tensor:
+        """[N, J, S] (contiguous for conv layers; a view of the input for Linear layers)."""
+        layer = self.layers[name]
+        if not layer.is_conv:
+            return input_patches(layer, self._inputs[name])
+        return self._make("njs", name, self.shape(name), conv_patches)
+
+    def flat(self, name: str) -> Tensor:
+        """[J, N·S] contiguous (conv layers only)."""
+        N, J, S = self.shape(name)
+        return self._make("flat", name, (J, N * S), conv_patches_flat)
+
+    def _make(self, role: str, name: str, shape: tuple, build) -> Tensor:
+        if (role, name) not in self._made:
+            a = self._inputs[name]
+            key = (role, name, shape, a.dtype, a.device)
+            if key not in self._buffers:
+                self._buffers[key] = a.new_empty(shape)
+            self._made[role, name] = build(self.layers[name].module, a, self._buffers[key])
+        return self._made[role, name]
+
+
 def chunks(n: int, size: int):
     for s in range(0, n, size):
         yield slice(s, min(n, s + size))
@@ -171,11 +256,12 @@ def chunks(n: int, size: int):
 # hooks engine
 # ---------------------------------------------------------------------------------------------
 class HooksConsumer:
-    """Receives, per chunk: the layer inputs as patches P [N, J, S], then, per column k of V, the
-    output gradients D [N, O, S] of every layer (per-sample weight gradient = D Pᵀ)."""
+    """Receives, per chunk: the layer inputs as ``Patches`` (``patches[name]`` = P [N, J, S], built on
+    first use), then, per column k of V, the output gradients D [N, O, S] of every layer (per-sample weight
+    gradient = D Pᵀ)."""
 
-    def start(self, patches: Dict[str, Tensor], n: int) -> None: ...
-    def grad(self, layer: Layer, k: int, D: Tensor, P: Tensor) -> None: ...
+    def start(self, patches: Patches, n: int) -> None: ...
+    def grad(self, layer: Layer, k: int, D: Tensor, patches: Patches) -> None: ...
     def column_done(self, k: int) -> None: ...
     def end(self) -> None: ...
 
@@ -185,6 +271,7 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
               generator: Optional[torch.Generator]) -> List[str]:
     """Drive ``consumer`` over the data; returns the layers' execution order."""
     order: List[str] = []
+    patches = Patches(layers)
     for sl in chunks(x.shape[0], batch_size):
         xb = x[sl]
         with torch.enable_grad(), _Capture(layers) as cap:
@@ -197,7 +284,7 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
         order = list(cap.order)
         yb = lik.prepare_targets(kind, out, y[sl])
         V = lik.output_vectors(kind, fisher, out, yb, mc_samples=mc_samples, generator=generator)
-        patches = {l.name: input_patches(l, cap.inputs[l.name]) for l in layers}
+        patches.new_chunk({l.name: cap.inputs[l.name] for l in layers})
         consumer.start(patches, xb.shape[0])
         outs = [cap.outputs[l.name] for l in layers]
         K = V.shape[-1]
@@ -207,7 +294,7 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
             for l, g in zip(layers, grads):
                 if g is None:
                     g = torch.zeros_like(cap.outputs[l.name])
-                consumer.grad(l, k, output_locations(l, g), patches[l.name])
+                consumer.grad(l, k, output_locations(l, g), patches)
             consumer.column_done(k)
         del out, outs, cap, grads
         consumer.end()
@@ -247,7 +334,7 @@ class DiagHooks(HooksConsumer):
         self._cols = {}
         self._patches = patches
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         if D.shape[2] == 1:               # no weight sharing: g = δ aᵀ, so Σ_k g² = (Σ_k δ²)(a²)ᵀ
             d = D[:, :, 0]
             _acc(self._sq, layer.name, d * d)
@@ -256,7 +343,7 @@ class DiagHooks(HooksConsumer):
             cols = self._cols.setdefault(layer.name, [])
             cols.append(D)
             N, O, S = D.shape
-            if (len(cols) + 1) * N * O * max(S, P.shape[1]) > self.group_values:
+            if (len(cols) + 1) * N * O * max(S, patches.shape(layer.name)[1]) > self.group_values:
                 self._square_columns(layer, cols)
                 cols.clear()
         if layer.bias is not None:
@@ -305,6 +392,7 @@ KFAC_ALPHA = {
     "nngeometry": (lambda S: 1.0, lambda S: 1.0 / S),
 }
 CONV_CONVENTIONS = ("fedlpa_kfc", "nngeometry", "expand", "reduce")
+INPUT_FACTORS = ("patches", "gram")
 
 
 class KFACHooks(HooksConsumer):
@@ -321,11 +409,27 @@ class KFACHooks(HooksConsumer):
     FedLPA damps the factors separately. nngeometry additionally stores A·√C and G/√C; that
     cosmetic rescaling cancels in A ⊗ G and in FedFisher's use (products, scale-invariant
     quantisation) and is not reproduced.
+
+    ``input_factor="gram"`` (opt-in; changes float rounding): for a conv layer under expand / fedlpa_kfc /
+    nngeometry, Σ_n Σ_s ā āᵀ is a sum of entries of the input Gram Σ_n x_n x_nᵀ (x_n = the padded input
+    flattened, C·H·W), A[j, j'] = Σ_s Gram[idx(j, s), idx(j', s)]; one GEMM per chunk on the (C·H·W)²
+    Gram replaces the J²·S-per-sample patch products and the patch copies. Used where (C·H·W)² ≤ 2 J² S
+    (LeNet / SimpleCNN-MNIST: both convs; CIFAR's first conv keeps the patches). The default "patches"
+    keeps the committed results' bits.
     """
 
-    def __init__(self, layers: Sequence[Layer], convention: str):
+    gram_max_ratio = 2.0   # Gram FLOPs / patch-product FLOPs up to which "gram" takes the Gram route
+
+    def __init__(self, layers: Sequence[Layer], convention: str, input_factor: str = "patches"):
+        if input_factor not in INPUT_FACTORS:
+            raise FedbenchError(f"unknown K-FAC input_factor {input_factor!r}; choose one of: "
+                                f"{', '.join(INPUT_FACTORS)}")
         self.layers = layers
         self.convention = convention
+        self.input_factor = input_factor
+        self.gram: Dict[str, Tensor] = {}     # Σ_n x xᵀ of the padded inputs (input_factor "gram")
+        self.colsum: Dict[str, Tensor] = {}   # Σ_n x
+        self._chw: Dict[str, Tuple[int, int, int]] = {}
         self.aa: Dict[str, Tensor] = {}   # Σ a aᵀ (scaled)
         self.a1: Dict[str, Tensor] = {}   # Σ a (scaled), for the bias augmentation
         self.c1: Dict[str, float] = {}    # Σ 1 (scaled)
@@ -334,9 +438,15 @@ class KFACHooks(HooksConsumer):
 
     def start(self, patches, n):
         for l in self.layers:
-            P = patches[l.name]
-            N, J, S = P.shape
+            N, J, S = patches.shape(l.name)
             self.S[l.name] = S
+            if self._use_gram(l, patches.input(l.name), J, S):
+                self._add_gram(l, patches.input(l.name), N, S)
+                continue
+            # P [N, J, S] is not built when only the [J, N·S] matrix is used; the bias sums keep their
+            # P.sum((0, 2)) (no other reduction of the same numbers reproduces its bits)
+            need_P = S == 1 or J <= 64 or self.convention == "reduce" or l.bias is not None
+            P = patches[l.name] if need_P else None
             if self.convention == "reduce" or S == 1:
                 a = P.mean(2) if S > 1 else P[:, :, 0]
                 aa = a.t() @ a
@@ -347,7 +457,7 @@ class KFACHooks(HooksConsumer):
                 if J <= 64:      # small J: batched Σ_n P_n P_nᵀ beats a copy + one GEMM
                     aa = torch.bmm(P, P.transpose(1, 2)).sum(0)
                 else:
-                    flat = P.transpose(0, 1).reshape(J, N * S)
+                    flat = patches.flat(l.name)
                     aa = flat @ flat.t()
                 aa.mul_(alpha)
                 a1 = P.sum((0, 2)).mul_(alpha) if l.bias is not None else None
@@ -357,7 +467,35 @@ class KFACHooks(HooksConsumer):
                 _acc(self.a1, l.name, a1)
             self.c1[l.name] = self.c1.get(l.name, 0.0) + c1
 
-    def grad(self, layer, k, D, P):
+    def _use_gram(self, layer: Layer, a: Tensor, J: int, S: int) -> bool:
+        if self.input_factor != "gram" or not layer.is_conv or S == 1 or self.convention == "reduce":
+            return False
+        chw = _conv_pad(layer.module, a[:1]).numel()
+        return chw * chw <= self.gram_max_ratio * J * J * S
+
+    def _add_gram(self, layer: Layer, a: Tensor, N: int, S: int) -> None:
+        padded = _conv_pad(layer.module, a)
+        self._chw[layer.name] = tuple(padded.shape[1:])
+        x = padded.reshape(N, -1)
+        _acc(self.gram, layer.name, x.t() @ x)
+        if layer.bias is not None:
+            _acc(self.colsum, layer.name, x.sum(0))
+        alpha = KFAC_ALPHA[self.convention][0](S)
+        self.c1[layer.name] = self.c1.get(layer.name, 0.0) + alpha * N * S
+
+    def finish(self) -> None:
+        """Turn the accumulated input Grams into A sums (``input_factor="gram"``; a no-op otherwise)."""
+        for name, gram in self.gram.items():
+            layer = next(l for l in self.layers if l.name == name)
+            idx = patch_index(layer.module, self._chw[name], gram.device)         # [J, S]
+            alpha = KFAC_ALPHA[self.convention][0](self.S[name])
+            rows = idx.t()
+            self.aa[name] = gram[rows.unsqueeze(2), rows.unsqueeze(1)].sum(0).mul_(alpha)
+            if name in self.colsum:
+                self.a1[name] = self.colsum[name][idx].sum(1).mul_(alpha)
+        self.gram, self.colsum = {}, {}
+
+    def grad(self, layer, k, D, patches):
         N, O, S = D.shape
         if S == 1:
             d = D[:, :, 0]
@@ -390,11 +528,11 @@ class GradsHooks(HooksConsumer):
     def start(self, patches, n):
         self._g = {}
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         if self.only is not None and layer.name not in self.only:
             return
         if layer.weight is not None:
-            gw = torch.bmm(D, P.transpose(1, 2))
+            gw = torch.bmm(D, patches[layer.name].transpose(1, 2))
             self._g[layer.weight] = gw.reshape(-1, 1, *layer.module.weight.shape)
         if layer.bias is not None:
             self._g[layer.bias] = D.sum(2).unsqueeze(1)
@@ -415,9 +553,9 @@ class MultiHooks(HooksConsumer):
         for c in self.consumers:
             c.start(patches, n)
 
-    def grad(self, layer, k, D, P):
+    def grad(self, layer, k, D, patches):
         for c in self.consumers:
-            c.grad(layer, k, D, P)
+            c.grad(layer, k, D, patches)
 
     def column_done(self, k):
         for c in self.consumers:

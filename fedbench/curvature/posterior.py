@@ -23,6 +23,7 @@ configuration, not counted).
 * :class:`DenseGaussian` (Cholesky).
 * :class:`ProductGaussian`: independent parts over disjoint parameter groups (layer blocks,
   FedBEns Diag+Full).
+* :func:`diag_gaussian_product`: the weighted product of diagonal Gaussians (FOLA's server, Eq. 12).
 """
 from __future__ import annotations
 
@@ -326,3 +327,35 @@ def gaussian_from_curvature(curv: Curvature, mean: MeanLike, *, prior_precision:
                                    c * (M + curv.damping * eye(sub.numel, M)) + float(prior_precision) * eye(sub.numel, M)))
         return ProductGaussian(layout, flat, parts)
     raise FedbenchError(f"no Gaussian posterior for curvature structure '{curv.structure}'")
+
+
+# ---- products of Gaussians ---------------------------------------------------------------------------------
+Params = Dict[str, Tensor]
+EPS_MODES = ("denominator", "per_client")   # where the product's ε enters the mean (FOLA §1.3)
+
+
+def diag_gaussian_product(means: Sequence[Params], precisions: Sequence[Params], weights: Sequence[float], *,
+                          eps: float = 1e-5, eps_mode: str = "denominator") -> Tuple[Params, Params]:
+    """Weighted product of diagonal Gaussians given as parameter dicts (FOLA Eq. 12): returns (μ_S, ω_S) with
+    ω_S = Σ π_n ω_n and μ_S = Σ π_n ω_n μ_n / (ω_S + ε) ("denominator", FOLA code) or
+    Σ π_n (ω_n + ε) μ_n / (ω_S + ε) ("per_client"). Weights are normalised to sum 1; computed in float64."""
+    if eps_mode not in EPS_MODES:
+        raise FedbenchError(f"agg_eps_mode must be one of {' | '.join(EPS_MODES)}, got {eps_mode!r}")
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    w = (w / w.sum()).tolist()
+    mean, prec = {}, {}
+    for n in means[0]:
+        dt = means[0][n].dtype
+        num = torch.zeros_like(means[0][n], dtype=torch.float64)
+        den = torch.zeros_like(num)
+        mavg = torch.zeros_like(num)
+        for wi, mu, om in zip(w, means, precisions):
+            o = om[n].double()
+            num.add_(o * mu[n].double(), alpha=wi)
+            den.add_(o, alpha=wi)
+            mavg.add_(mu[n].double(), alpha=wi)
+        if eps_mode == "per_client":
+            num.add_(mavg, alpha=eps)
+        mean[n] = (num / (den + eps)).to(dt)
+        prec[n] = den.to(precisions[0][n].dtype)
+    return mean, prec

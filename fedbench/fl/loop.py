@@ -14,6 +14,7 @@ from fedbench.algorithms.base import Algorithm, tensor_bytes
 from fedbench.eval.metrics import evaluate
 from fedbench.train.config import LocalTrainConfig
 from fedbench.fl.cache import ClientStageCache
+from fedbench.fl.products import ProductStage
 from fedbench.results.schema import RoundLog
 from fedbench.train.engine import TrainData, TrainResult, train_clients
 from fedbench.errors import FedbenchError
@@ -40,7 +41,6 @@ class FLSetup:
     local_accuracy: bool = False          # also evaluate each client model before aggregation (FOLA's LA)
     cache: Optional[ClientStageCache] = None
     stage_parts: Optional[Dict[str, Any]] = None   # what determines the client stage (data, split, model, local, seed)
-    current_stage: Optional[Dict[str, Any]] = None  # key parts of this round's client stage if it is cacheable
     server_val: Optional[tuple] = None    # (normalised inputs, labels) of the server's validation set, or None
     server_unlabeled: Optional[Tensor] = None   # normalised inputs of the server's unlabelled set (no labels), or None
     round_metrics: Optional[Callable[[Any], Dict[str, float]]] = None   # more metrics of the global model per
@@ -49,13 +49,6 @@ class FLSetup:
     @property
     def num_clients(self) -> int:
         return len(self.client_indices)
-
-    def cached(self, name: str, client_id: int, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]]):
-        """Per-client work after local training (curvature, ...) cached with the client stage it came from."""
-        if self.cache is None or not self.cache.enabled or self.current_stage is None:
-            return compute()
-        full = {**self.current_stage, "product": name, "client": int(client_id), "params": parts}
-        return self.cache.get_or_compute(full, compute, self.device)
 
     def require_server_val(self, method: str) -> None:
         """Called from a method's __init__ (before training) when it needs server validation data."""
@@ -90,6 +83,7 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
     from tqdm.auto import tqdm
 
     state = algo.init_state(init_params)
+    products = ProductStage(setup)   # the run's one worker model for every client's products
     logs: List[RoundLog] = []
     epochs = setup.local.epochs
     bar = tqdm(total=rounds * max(epochs, 0) * setup.num_clients, disable=not progress or epochs == 0,
@@ -97,7 +91,7 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
     try:
         for r in range(1, rounds + 1):
             bar.set_postfix_str(f"round {r}/{rounds}")
-            state, log = run_round(setup, algo, state, r, rounds, eval_every, bar, on_clients)
+            state, log = run_round(setup, algo, state, r, rounds, eval_every, bar, on_clients, products)
             logs.append(log)
             if on_round is not None:
                 on_round(log)
@@ -107,24 +101,27 @@ def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], 
 
 
 def run_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], r: int, rounds: int, eval_every: int, bar,
-              on_clients=None) -> tuple[Dict[str, Any], RoundLog]:
-    """One round: broadcast, local training (cached), client messages, aggregation, evaluation."""
+              on_clients=None, products: Optional[ProductStage] = None) -> tuple[Dict[str, Any], RoundLog]:
+    """One round: broadcast, local training (cached), per-client products (cached with it), client messages,
+    aggregation, evaluation."""
     ids = list(range(setup.num_clients))
     down = tensor_bytes(algo.downlink(state)) * setup.num_clients
     t0 = time.perf_counter()
-    results, cached = train_round(setup, algo, state, ids, r, bar)
+    products = products if products is not None else ProductStage(setup)
+    results, cached, stage = train_round(setup, algo, state, ids, r, bar)
     result = results[0]
     if on_clients is not None:
         on_clients(r, result.params)
     t1 = time.perf_counter()
     served0 = setup.cache.served_s if setup.cache is not None else 0.0
     trained = list(algo.stage_client_ids(ids))   # every client, or one pooled client (centralized)
-    if len(results) == 1:
-        messages = [algo.client_message(cid, result.params[i], result, i, state, r)
-                    for i, cid in enumerate(trained)]
-    else:   # a client's M trained weight dicts and results, as lists over members
-        messages = [algo.client_message(cid, [res.params[i] for res in results], results, i, state, r)
-                    for i, cid in enumerate(trained)]
+    messages = []
+    for i, cid in enumerate(trained):
+        if len(results) == 1:
+            params, res = result.params[i], result
+        else:   # a client's M trained weight dicts and results, as lists over members
+            params, res = [r_m.params[i] for r_m in results], results
+        messages.append(products.message(algo, cid, params, res, i, state, r, stage))
     t2 = time.perf_counter()
     served_post = (setup.cache.served_s if setup.cache is not None else 0.0) - served0
     state = algo.aggregate(messages, state, r)
@@ -146,7 +143,8 @@ def run_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], r: int, ro
 
 def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: List[int], r: int, bar):
     """Every member's local training of round ``r`` (through the client-stage cache when the method allows);
-    returns (results per member, whether every member came from the cache)."""
+    returns (results per member, whether every member came from the cache, the stage's cache key parts or
+    None when it is not cacheable)."""
     epochs = setup.local.epochs
     n_mem = int(algo.num_members(r))
 
@@ -166,15 +164,14 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
     stage_key = algo.client_stage_key(r)
     cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
                  and stage_key is not None)
-    setup.current_stage = ({**setup.stage_parts, "round": r, "local_objective": stage_key}
-                           if cacheable else None)
+    stage = {**setup.stage_parts, "round": r, "local_objective": stage_key} if cacheable else None
     if n_mem > 1:
         bar.total += (n_mem - 1) * max(epochs, 0) * setup.num_clients
     results, cached = [], cacheable
     for m in range(n_mem):
         if cacheable:
             hits = setup.cache.hits
-            key = {**setup.current_stage, "product": "local_training"}
+            key = {**stage, "product": "local_training"}
             if m > 0:   # member 0's key is the plain training's: shared with every other method
                 key["member"] = algo.member_key(m)
             payload = setup.cache.get_or_compute(key, lambda: _result_payload(train(m)), setup.device)
@@ -183,7 +180,7 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
             cached = cached and setup.cache.hits > hits
         else:
             results.append(train(m))
-    return results, cached
+    return results, cached, stage
 
 
 def evaluate_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], result: TrainResult,

@@ -171,10 +171,10 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
         with torch.no_grad():
             for n, p in named.items():
                 p.copy_(st[n])
-        if local.optimizer == "sgd":
+        if local.optimizer == "sgd":   # foreach: one C++ call per update instead of a Python loop; same bits
             opt = torch.optim.SGD(worker.parameters(), lr=local.lr, momentum=local.momentum,
                                   dampening=local.dampening, nesterov=local.nesterov,
-                                  weight_decay=local.weight_decay)
+                                  weight_decay=local.weight_decay, foreach=True)
         else:
             opt = torch.optim.Adam(worker.parameters(), lr=local.lr, betas=local.betas, eps=local.eps,
                                    weight_decay=local.weight_decay)

@@ -44,26 +44,28 @@ def fedlpa_config(overrides):
 
 def cached_messages(fl, algo):
     """Round-1 client messages from the cache only; FedbenchError when the clients or their factors are not cached."""
+    from fedbench.fl.products import ProductStage
     from fedbench.train.engine import TrainResult
 
     if fl.cache is None or not fl.cache.enabled:
         raise FedbenchError("the client-stage cache is off (cache=false); nothing to read")
-    fl.current_stage = {**fl.stage_parts, "round": 1, "local_objective": algo.client_stage_key(1)}
-    payload = fl.cache.load({**fl.current_stage, "product": "local_training"})
+    stage = {**fl.stage_parts, "round": 1, "local_objective": algo.client_stage_key(1)}
+    payload = fl.cache.load({**stage, "product": "local_training"})
     if payload is None:
         raise FedbenchError(f"client stage not cached under {fl.cache.root}; not retraining (10+ minutes)")
     result = TrainResult(payload["params"], payload["steps"], payload["mean_loss"], payload["seconds"])
-    missing = [c for c in range(fl.num_clients) if not factors_cached(fl, algo, c)]
+    missing = [c for c in range(fl.num_clients) if not factors_cached(fl, algo, c, stage)]
     if missing:
         raise FedbenchError(f"K-FAC factors of clients {missing} not cached; not computing them here")
-    return [algo.client_message(c, result.params[c], result, c, {}, 1) for c in range(fl.num_clients)]
+    products = ProductStage(fl)
+    return [products.message(algo, c, result.params[c], result, c, {}, 1, stage) for c in range(fl.num_clients)]
 
 
-def factors_cached(fl, algo, client_id) -> bool:
+def factors_cached(fl, algo, client_id, stage) -> bool:
     from fedbench.algorithms.fedlpa import CURVATURE
 
     parts = {**CURVATURE, "factor_data": algo.factor_data}
-    key = {**fl.current_stage, "product": "fedlpa_kfac", "client": int(client_id), "params": parts}
+    key = {**stage, "product": "fedlpa_kfac", "client": int(client_id), "params": parts}
     return fl.cache.load(key) is not None
 
 
