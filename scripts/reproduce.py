@@ -49,7 +49,9 @@ def main(argv=None) -> int:
         from fedbench.launch.jobs import run_local
         from fedbench.launch.parallel import default_jobs, summary_line
         from fedbench.launch.sweep import missing_methods, plan
+        from fedbench.papers import load_papers
         from fedbench.report.tables import check_table_suffix, collect, preset_meta
+        load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
         check_table_suffix(args.name)   # a bad --name fails before any training
         from fedbench.report.studies import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
@@ -104,9 +106,11 @@ def regenerate_all() -> int:
     """`make tables`: every committed collection, from the committed records (and any local ones), no training."""
     from pathlib import Path
 
+    from fedbench.papers import load_papers
     from fedbench.report.figures import plot_table
     from fedbench.report.tables import COLLECTIONS, collect, read_collections
 
+    load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
     out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     try:
         entries = read_collections(Path("results") / COLLECTIONS)

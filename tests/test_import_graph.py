@@ -16,11 +16,10 @@ own layer or any lower one:
     fl        fl                                             (the round loop, client-stage cache, server data)
     run       run, runner, results.loggers                   (one config end to end -> one record)
     launch    launch                                         (sweeps, local parallel jobs, Slurm)
-    registry  report.registry / plotting / runs              (what papers register into; shared plot helpers; a
-                                                             preset's runs as a frame)
-    papers    papers                                         (each paper's row keys, labels, figures, studies)
-    report    report                                         (collect -> tables, figures, scoreboard; studies
-                                                             dispatch; loads the papers' registrations)
+    report    report                                         (collect -> tables, figures, scoreboard, study
+                                                             presets; the registry papers fill; names no paper)
+    papers    papers                                         (each paper's row keys, labels, figures, studies,
+                                                             registered into report by papers.load_papers())
 """
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("fedbench.fl",),
     ("fedbench.run", "fedbench.runner", "fedbench.results.loggers"),
     ("fedbench.launch",),
-    ("fedbench.report.registry", "fedbench.report.plotting", "fedbench.report.runs"),
-    ("fedbench.papers",),
     ("fedbench.report",),
+    ("fedbench.papers",),
 ]
 # third-party packages that may be imported inside a function: optional, or heavy enough to keep off the
 # start-up path of the torch-free modules (config, launch, records) and of the CLI

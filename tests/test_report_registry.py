@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from fedbench.errors import FedbenchError
 from fedbench.papers import load_papers
 from fedbench.report import registry
 from fedbench.report.registry import register_row_key
@@ -97,6 +98,17 @@ def test_registering_twice_is_a_no_op_and_a_clash_an_error():
     with pytest.raises(ValueError, match="registered twice"):
         register_row_key("lambda", lambda c: None)
     assert registry.ROW_KEYS == before
+
+
+def test_report_refuses_to_run_without_the_papers(monkeypatch):
+    """report never imports papers: a caller that skipped load_papers() gets a clear error, not tables that
+    silently lost the papers' row keys and labels."""
+    monkeypatch.setattr(registry, "LOADED_PAPERS", [])
+    for read in (lambda: row_value({"algorithm": {"name": "fedlpa", "damping": 0.01}}, "lambda"),
+                 lambda: method_label({"name": "fola"}), lambda: partition_label({"name": "natural"})):
+        with pytest.raises(FedbenchError, match="load_papers"):
+            read()
+    assert partition_label({"name": "homo"}) == "homog"   # the generic labels need no paper
 
 
 def test_readme_layout_names_every_package():

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from fedbench.config.specs import figure_spec
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
-from fedbench.report.registry import PLOT_KINDS, PlotRequest
+from fedbench.report.registry import PLOT_KINDS, PlotRequest, registered
 from fedbench.results.records import read_history
 from fedbench.report.tables import norm_key, table_runs
 from fedbench.results.reference import load_reference
@@ -314,7 +314,7 @@ def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir
     cfg = compose_run(runs[0]) if runs else None
     meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg is not None and cfg.get("table") else {}
     kinds = list(meta.get("plots") or [])
-    bad = [k for k in kinds if k not in PLOT_KINDS]
+    bad = [k for k in kinds if k not in registered(PLOT_KINDS)]
     if bad:
         raise FedbenchError(f"table.plots: unknown plot(s) {', '.join(map(str, bad))}; known: {', '.join(PLOT_KINDS)}")
     if not kinds:

@@ -8,19 +8,25 @@
 * studies (``register_study``): presets that run a study instead of ``run.py`` (``table.study``).
 
 Registering a name twice with a different function is an error (one place per thing); the same function again
-is a no-op, so loading the papers twice changes nothing.
+is a no-op, so loading the papers twice changes nothing. fedbench.report never imports fedbench.papers (report <
+papers): the entry points (scripts, tests/conftest.py) call ``fedbench.papers.load_papers()`` once, and the report
+reads the tables through ``registered``, which refuses to run without them (a table read without the papers would
+silently lose their row keys and labels).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from fedbench.errors import FedbenchError
 
 ROW_KEYS: Dict[str, Callable[[Dict[str, Any]], Any]] = {}
 PARTITION_LABELS: Dict[str, Callable[[Dict[str, Any]], str]] = {}
 METHOD_LABELS: Dict[str, Callable[[Dict[str, Any]], Optional[str]]] = {}
 PLOT_KINDS: Dict[str, Callable[["PlotRequest"], Path]] = {}
 STUDIES: Dict[str, "Study"] = {}
+LOADED_PAPERS: List[str] = []   # the papers that have registered (fedbench.papers.load_papers)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,14 @@ class PlotRequest:
         if build not in self.frames:
             self.frames[build] = build(self.overrides, self.output_root)
         return self.frames[build]
+
+
+def registered(table: Dict[str, Any]) -> Dict[str, Any]:
+    """``table`` (one of the above), once the papers have registered into it."""
+    if not LOADED_PAPERS:
+        raise FedbenchError("the papers' row keys, labels, plots and studies are not registered: call "
+                            "fedbench.papers.load_papers() first")
+    return table
 
 
 def _register(table: Dict[str, Any], what: str, name: str, value) -> None:

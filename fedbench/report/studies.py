@@ -27,7 +27,7 @@ from fedbench.launch.sweep import compose_run, expand_sweep, study_runs
 from fedbench.numerics import current
 from fedbench.results.records import write_json_atomic
 from fedbench.report.figures import plot_preset_figures
-from fedbench.report.registry import STUDIES
+from fedbench.report.registry import STUDIES, registered
 from fedbench.report.tables import attach_reference, summarise, table_runs, to_markdown
 
 
@@ -41,7 +41,7 @@ def study_name(overrides: Sequence[str]) -> Optional[str]:
     name = table.get("study") if table is not None else None
     if name is None:
         return None
-    if name not in STUDIES:
+    if name not in registered(STUDIES):
         raise FedbenchError(f"table.study must be one of {', '.join(STUDIES)}, got {name!r}")
     return str(name)
 

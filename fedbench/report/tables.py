@@ -36,10 +36,7 @@ from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.results.reference import load_reference
-from fedbench.report.registry import METHOD_LABELS, PARTITION_LABELS, ROW_KEYS
-from fedbench.papers import load_papers
-
-load_papers()   # every paper's row keys, labels, plot kinds and studies into fedbench.report.registry
+from fedbench.report.registry import METHOD_LABELS, PARTITION_LABELS, ROW_KEYS, registered
 
 
 def partition_label(p: Dict[str, Any]) -> str:
@@ -54,7 +51,7 @@ def partition_label(p: Dict[str, Any]) -> str:
         return f"#C={p.get('k')}"
     if name == "homo":
         return "homog"
-    if name in PARTITION_LABELS:
+    if name in registered(PARTITION_LABELS):
         return PARTITION_LABELS[name](p)
     return str(name)
 
@@ -65,7 +62,7 @@ def method_label(a: Dict[str, Any]) -> str:
     name = a.get("name")
     if name == "fedprox":
         return f"fedprox(mu={a.get('mu'):g})"
-    variant = METHOD_LABELS[name](a) if name in METHOD_LABELS else None
+    variant = METHOD_LABELS[name](a) if name in registered(METHOD_LABELS) else None
     return str(name) if variant is None else variant
 
 
@@ -82,7 +79,7 @@ KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
 def key_funcs() -> Dict[str, Callable[[Dict[str, Any]], Any]]:
     """Every named row key: the generic ones above, then the method-variant axes the papers register
     (results/reference/README.md key columns: FedLPA Table 3's ``lambda``, FedBEns' ``M``, ...)."""
-    return {**KEY_FUNCS, **ROW_KEYS}
+    return {**KEY_FUNCS, **registered(ROW_KEYS)}
 
 
 def row_value(cfg: Dict[str, Any], key: str):
