@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """FedLPA Fig. 3: full empirical Fisher vs FedLPA's block-diagonal K-FAC of a tiny 3-conv + 1-FC MNIST net
-(fedbench.studies.fisher_heatmap), as results/figures/fedlpa_figure3.png with the relative Frobenius error.
+(fedbench.papers.fedlpa.fisher_heatmap), as results/figures/fedlpa_figure3.png with the relative Frobenius error.
 
     python scripts/fedlpa_fisher_heatmap.py                      # MNIST from data/ (copied from the offline mirror)
     python scripts/fedlpa_fisher_heatmap.py --n-train 2000 --epochs 1 --out /tmp/fig3.png
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     if min(args.n_train, args.n_fisher, args.epochs) < 1:
         print("fedbench: error: --n-train, --n-fisher and --epochs must be >= 1", file=sys.stderr)
         return 2
-    from fedbench.studies.fisher_heatmap import figure_fedlpa3
+    from fedbench.papers.fedlpa.fisher_heatmap import figure_fedlpa3
 
     t0 = time.perf_counter()
     try:

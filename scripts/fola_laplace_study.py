@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fedbench.data import load_dataset  # noqa: E402
 from fedbench.errors import FedbenchError  # noqa: E402
-from fedbench.studies import fola_laplace as fl  # noqa: E402
+from fedbench.papers.fola import laplace_study as fl  # noqa: E402
 
 
 def client_split(labels: np.ndarray, seed: int):
@@ -50,7 +50,7 @@ def flat_inputs(x: torch.Tensor, mean, std) -> torch.Tensor:
 
 
 def plot(rounds, sweep, heatmaps, out: Path) -> None:
-    from fedbench.results.fola_figures import plot_fig10, plot_fig11
+    from fedbench.papers.fola.figures import plot_fig10, plot_fig11
 
     title = "FOLA §IV-E study (scripts/fola_laplace_study.py)"
     plot_fig10(rounds, sweep, heatmaps, out / "fola_laplace_fig10.png", title)

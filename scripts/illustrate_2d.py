@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The papers' 2-D aggregation illustrations (fedbench.studies.gaussian_2d), as PNGs under results/figures/:
+"""The papers' 2-D aggregation illustrations (fedbench.papers.gaussian_2d), as PNGs under results/figures/:
 
     python scripts/illustrate_2d.py                       # all three
     python scripts/illustrate_2d.py --only fedlpa6 --out /tmp/figs
@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from fedbench.studies import gaussian_2d_figures as figs  # noqa: E402
+from fedbench.papers import gaussian_2d_figures as figs  # noqa: E402
 
 FIGURES = {"fedlpa6": ("fedlpa_figure6.png", figs.figure_fedlpa6),
            "fola2": ("fola_figure2.png", figs.figure_fola2),

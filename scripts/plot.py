@@ -33,8 +33,10 @@ def main(argv=None) -> int:
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2
-    from fedbench.results.figures import plot_table
-    from fedbench.results.fola_figures import plot_preset_figures
+    from fedbench.papers import load_papers
+    from fedbench.report.figures import plot_preset_figures, plot_table
+
+    load_papers()   # the papers' plot kinds and row keys, which the report reads
     try:   # presets naming their plots (table.plots: FOLA Figs. 3-12) get those instead
         named = plot_preset_figures(args.overrides, Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs")), Path(args.out))
     except FedbenchError as e:

@@ -49,9 +49,11 @@ def main(argv=None) -> int:
         from fedbench.launch.jobs import run_local
         from fedbench.launch.parallel import default_jobs, summary_line
         from fedbench.launch.sweep import missing_methods, plan
-        from fedbench.results.tables import check_table_suffix, collect, preset_meta
+        from fedbench.papers import load_papers
+        from fedbench.report.tables import check_table_suffix, collect, preset_meta
+        load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
         check_table_suffix(args.name)   # a bad --name fails before any training
-        from fedbench.studies.presets import reproduce_study, study_name
+        from fedbench.report.studies import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
             for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only):
                 print(f"{'table' if str(p).endswith('.md') else 'figure'} written: {p}")
@@ -83,12 +85,12 @@ def main(argv=None) -> int:
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
         path = collect(args.overrides, out_root, Path("results") / "tables", args.metric, suffix=args.name)
         print(f"table written: {path}")
-        from fedbench.results.figures import plot_table
+        from fedbench.report.figures import plot_table
         try:
             print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures')}")
         except FedbenchError as e:
             print(f"no figure: {e}")
-        from fedbench.results.fola_figures import plot_preset_figures
+        from fedbench.report.figures import plot_preset_figures
         try:   # the preset's named plots (table.plots: FOLA Figs. 3-9)
             for p in plot_preset_figures(args.overrides, out_root, Path("results") / "figures"):
                 print(f"figure written: {p}")
@@ -104,9 +106,11 @@ def regenerate_all() -> int:
     """`make tables`: every committed collection, from the committed records (and any local ones), no training."""
     from pathlib import Path
 
-    from fedbench.results.figures import plot_table
-    from fedbench.results.tables import COLLECTIONS, collect, read_collections
+    from fedbench.papers import load_papers
+    from fedbench.report.figures import plot_table
+    from fedbench.report.tables import COLLECTIONS, collect, read_collections
 
+    load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
     out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     try:
         entries = read_collections(Path("results") / COLLECTIONS)
@@ -120,7 +124,7 @@ def regenerate_all() -> int:
                     print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures')}")
                 except FedbenchError:
                     pass
-        from fedbench.results.scoreboard import write_scoreboard
+        from fedbench.report.scoreboard import write_scoreboard
         print(f"scoreboard written: {write_scoreboard(Path('results'), out_root)}")
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)

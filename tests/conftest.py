@@ -2,6 +2,10 @@
 import pytest
 import torch
 
+from fedbench.papers import load_papers
+
+load_papers()   # the entry point every script calls: the papers' row keys, labels, plots and studies into report
+
 
 @pytest.fixture(scope="module")
 def one_thread():

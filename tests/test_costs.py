@@ -1,12 +1,12 @@
-"""Cost tables in the papers' units and layout, with ratios to the baseline method (fedbench/results/costs.py)."""
+"""Cost tables in the papers' units and layout, with ratios to the baseline method (fedbench/report/costs.py)."""
 import math
 
 import pandas as pd
 import pytest
 
 from fedbench.errors import FedbenchError
-from fedbench.results.costs import attach_ratios, format_cost_cell, to_paper_unit
-from fedbench.results.tables import (
+from fedbench.report.costs import attach_ratios, format_cost_cell, to_paper_unit
+from fedbench.report.tables import (
     attach_reference,
     column_specs,
     score,

@@ -4,7 +4,7 @@ import pytest
 
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
-from fedbench.results.figures import plot_table, round_curves
+from fedbench.report.figures import plot_table, round_curves
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.runner import expand_aggregators
 
@@ -62,7 +62,7 @@ def _fake_final(out, preset, acc_for):
 
 def test_sweep_figure_draws_mean_and_std_per_x_with_paper_points(tmp_path):
     import math
-    from fedbench.results.figures import plot_sweep_table
+    from fedbench.report.figures import plot_sweep_table
     out = tmp_path / "out"
     preset = ["experiment=fedbens/figure4", "profile=paper", "dataset=fmnist", "seed=0,1"]
     acc = lambda c: 80.0 - 5 * abs(math.log10(c.algorithm.temperature) + 1) + 2 * c.seed   # noqa: E731
@@ -82,7 +82,7 @@ def test_sweep_figure_draws_mean_and_std_per_x_with_paper_points(tmp_path):
 
 
 def test_sweep_figure_lines_per_alpha_and_nested_m_reference(tmp_path):
-    from fedbench.results.figures import plot_sweep_table
+    from fedbench.report.figures import plot_sweep_table
     out = tmp_path / "out"
     preset = ["experiment=fedbens/figure2", "profile=paper", "dataset=fmnist", "seed=0"]
     _fake_final(out, preset, lambda c: 50.0 + c.algorithm.members + 10 * c.partition.alpha)
@@ -138,7 +138,7 @@ def test_figure_presets_share_runs_with_their_tables():
 
 
 def test_bad_figure_declarations_fail_with_one_line():
-    from fedbench.results.figures import figure_spec
+    from fedbench.report.figures import figure_spec
     meta = {"paper": "x", "id": "f", "rows": ["dataset", "partition", "M"]}
     for fig, match in [({"kind": "bars"}, "kind"), ({"kind": "sweep", "x": "T"}, "row keys"),
                        ({"kind": "sweep", "x": "M", "lines": ["M"]}, "lines"), ({"kind": "sweep", "x": "M", "col": 1}, "unknown"),

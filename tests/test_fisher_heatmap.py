@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedbench.studies import fisher_heatmap as fh
+from fedbench.papers.fedlpa import fisher_heatmap as fh
 
 
 def _tiny(seed=0):

@@ -378,7 +378,7 @@ def test_online_replay_needs_sgd():
 
 
 # ---- §IV-E study helpers (softmax regression, two clients) ---------------------------------------------------
-from fedbench.studies import fola_laplace as fl  # noqa: E402
+from fedbench.papers.fola import laplace_study as fl  # noqa: E402
 
 
 def _sr_problem(n=13, d=4, c=3, seed=0):

@@ -8,17 +8,19 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import fedbench.studies.fola_laplace as fl
+import fedbench.papers.fola.laplace_study as fl
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
-from fedbench.results import fola_figures as ff
+from fedbench.papers.fola import figures as ff
+from fedbench.report.figures import plot_preset_figures
+from fedbench.report.runs import composed_runs
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.runner import expand_aggregators
 
 
 def _ids(preset, extra=()):
     out = set()   # the figures' fast composition (checked against Hydra's below)
-    for _, cfg in ff._composed([f"experiment={preset}", "profile=paper", "seed=0"] + list(extra)):
+    for _, cfg in composed_runs([f"experiment={preset}", "profile=paper", "seed=0"] + list(extra)):
         out |= {compute_run_id(s) for s in expand_aggregators(cfg, CONF_DIR, allow_missing=True)}
     return out
 
@@ -49,7 +51,7 @@ def test_cifar_presets_use_table_one_augmentation():
 
 def test_fast_composition_equals_hydra_compose():
     ovs = ["experiment=fola/figure3", "profile=quick", "num_clients=5"]
-    fast = list(ff._composed(ovs))
+    fast = list(composed_runs(ovs))
     assert len(fast) == 24
     for o, cfg in fast[:6]:
         assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(compose_run(o), resolve=True)
@@ -81,7 +83,7 @@ def _acc(sub, label, r):
 
 def _fake(ovs_preset, out):
     n = 0
-    for _, cfg in ff._composed(ovs_preset):   # = Hydra's compose (test_fast_composition_equals_hydra_compose)
+    for _, cfg in composed_runs(ovs_preset):   # = Hydra's compose (test_fast_composition_equals_hydra_compose)
         for sub in expand_aggregators(cfg, CONF_DIR):
             label = ff.method_label(OmegaConf.to_container(sub.algorithm))
             rid = compute_run_id(sub)
@@ -104,7 +106,7 @@ def test_fig3_and_fig4_best_over_hyperparameters(tmp_path):
     out = tmp_path / "out"
     ovs3 = ["experiment=fola/figure3", "profile=quick", "num_clients=5", "seed=0,1"]
     assert _fake(ovs3, out) == 48 * 3
-    (p3,) = ff.plot_preset_figures(ovs3, out, tmp_path / "figs")
+    (p3,) = plot_preset_figures(ovs3, out, tmp_path / "figs")
     assert p3.name == "fola_figure3_quick.png"
     d3 = _png(p3)
     assert len(d3) == 3 * 1 * 3 and set(d3["seeds"]) == {2} and set(d3["settings"]) == {8}   # methods x N x alpha
@@ -114,14 +116,14 @@ def test_fig3_and_fig4_best_over_hyperparameters(tmp_path):
         want += 0.2 * math.log10(2) if r["method"] == "FOLA-offline" else 0.0   # fola_offline.yaml's lambda 1
         assert r["accuracy"] == pytest.approx(want)
     assert set(d3["best_batch_size"]) == {32} and set(d3["best_epochs"]) == {2}
-    (p4,) = ff.plot_preset_figures(["experiment=fola/figure4", "profile=quick", "num_clients=5", "seed=0,1"], out,
+    (p4,) = plot_preset_figures(["experiment=fola/figure4", "profile=quick", "num_clients=5", "seed=0,1"], out,
                                    tmp_path / "figs")
     d4 = _png(p4)
     assert len(d4) == 3 * (3 * 3 * 2)      # x in {B, E, lr} x methods x alpha x two values
     r = d4[(d4["x"] == "batch_size") & (d4["batch_size"] == 128) & (d4["method"] == "FedAvg") & (d4["alpha"] == 1)]
     assert float(r["accuracy"].iloc[0]) == pytest.approx(40 - 0.5 * 0.5 + 0.2 - 1.28 + 0.15 + 0.35 + 0.1)
     # the alternative without test-set selection averages over the other hyperparameters
-    df = ff.preset_records(ovs3, out)
+    df = ff.fola_records(ovs3, out)
     m = ff.select_over(df, ["method", "num_clients", "alpha"], "accuracy", "mean")
     assert float(m["accuracy"].max()) < float(d3["accuracy"].max())
     with pytest.raises(FedbenchError, match="table.select"):
@@ -131,19 +133,19 @@ def test_fig3_and_fig4_best_over_hyperparameters(tmp_path):
 def test_cifar_figures_from_synthetic_records(tmp_path):
     out, figs = tmp_path / "out", tmp_path / "figs"
     assert _fake(["experiment=fola/figure6ab", "profile=quick", "seed=0,1"], out) == 16
-    d6 = _png(ff.plot_preset_figures(["experiment=fola/figure6ab", "profile=quick", "seed=0,1"], out, figs)[0])
+    d6 = _png(plot_preset_figures(["experiment=fola/figure6ab", "profile=quick", "seed=0,1"], out, figs)[0])
     assert set(d6["series"]) == {"FOLA agg.-only λ=0", "FOLA λ=100", "FedCurv λ=100", "FedAvg"}
     r = d6[(d6["series"] == "FOLA λ=100") & (d6["epochs"] == 2)].iloc[0]
     want = 40 - 2 * 2 + 5 - 0.25 + 0.1 * 2 - 0.32 + 0.6 + 0.2 * math.log10(101) + 0.35 + 0.3
     assert r["accuracy_mean"] == pytest.approx(want) and r["accuracy_std"] == pytest.approx(0.7 / math.sqrt(2))
     assert r["local_accuracy_mean"] == pytest.approx(want / 3)
-    d8 = _png(ff.plot_preset_figures(["experiment=fola/figure8", "profile=quick", "seed=0,1"], out, figs)[0])
+    d8 = _png(plot_preset_figures(["experiment=fola/figure8", "profile=quick", "seed=0,1"], out, figs)[0])
     assert len(d8) == 16 and (d8["local_accuracy"] * 3 - d8["accuracy"]).abs().max() < 1e-9
 
     assert _fake(["experiment=fola/figure6c", "profile=quick"], out) == 6
-    d6c = _png(ff.plot_preset_figures(["experiment=fola/figure6c", "profile=quick"], out, figs)[0])
+    d6c = _png(plot_preset_figures(["experiment=fola/figure6c", "profile=quick"], out, figs)[0])
     assert len(d6c) == 3 * 2 and set(d6c["count"]) == {1}
-    d7 = _png(ff.plot_preset_figures(["experiment=fola/figure7", "profile=quick"], out, figs)[0])
+    d7 = _png(plot_preset_figures(["experiment=fola/figure7", "profile=quick"], out, figs)[0])
     assert len(d7) == 3 * 2 * 3                  # methods x alpha x rounds
     last = d7[d7["round"] == 3].set_index(["method", "alpha"])["mean"]
     first = d6c.set_index(["method", "alpha"])["mean"]
@@ -153,7 +155,7 @@ def test_cifar_figures_from_synthetic_records(tmp_path):
     assert sorted(ff._reference("rounds_to_acc", 40)["mean"]) == [21.0, 73.0, 74.0]
 
     assert _fake(["experiment=fola/figure9", "profile=quick"], out) == 5
-    d9 = _png(ff.plot_preset_figures(["experiment=fola/figure9", "profile=quick"], out, figs)[0])
+    d9 = _png(plot_preset_figures(["experiment=fola/figure9", "profile=quick"], out, figs)[0])
     assert set(d9.loc[d9["panel"] == "(a)", "method"]) == {"FOLA agg.-only", "FOLA-offline"}
     assert set(d9.loc[d9["panel"] == "(b)", "method"]) == {"FOLA", "FOLA prior + FedAvg agg.", "FOLA agg.-only", "FedAvg"}
     c = d9[(d9["panel"] == "(c)") & (d9["method"] == "FedAvg") & (d9["round"] == 3)]
@@ -162,10 +164,10 @@ def test_cifar_figures_from_synthetic_records(tmp_path):
 
 def test_plots_without_records_or_with_unknown_names_fail_clearly(tmp_path):
     with pytest.raises(FedbenchError, match="no finished runs"):
-        ff.plot_preset_figures(["experiment=fola/figure9", "profile=quick"], tmp_path / "none", tmp_path / "f")
-    assert ff.plot_preset_figures(["experiment=fola/table2", "profile=quick"], tmp_path / "none", tmp_path / "f") == []
+        plot_preset_figures(["experiment=fola/figure9", "profile=quick"], tmp_path / "none", tmp_path / "f")
+    assert plot_preset_figures(["experiment=fola/table2", "profile=quick"], tmp_path / "none", tmp_path / "f") == []
     with pytest.raises(FedbenchError, match="table.plots"):
-        ff.plot_preset_figures(["experiment=fola/figure9", "profile=quick", "+table.plots=[fig99]"],
+        plot_preset_figures(["experiment=fola/figure9", "profile=quick", "+table.plots=[fig99]"],
                                tmp_path / "none", tmp_path / "f")
 
 
@@ -210,7 +212,7 @@ def test_correlation_study_ae_and_lf_against_the_reference():
 
 
 def test_study_settings_are_checked_before_any_data():
-    from fedbench.studies.presets import study_name
+    from fedbench.report.studies import study_name
 
     assert study_name(["experiment=fola/figure12", "profile=quick"]) == "fola_laplace"
     assert study_name(["experiment=fola/figure9", "profile=quick"]) is None
@@ -229,7 +231,7 @@ def test_study_settings_are_checked_before_any_data():
 def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     """A tiny Fig. 10/11 and Fig. 12 study on real MNIST (7x7 pooled inputs, 60 images per client): records,
     skip on rerun, figures."""
-    from fedbench.studies.presets import reproduce_study, study_runs
+    from fedbench.report.studies import reproduce_study, study_runs
 
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
     tiny = ["rounds=2", "study.max_per_client=60", "study.input_pool=4", f"paths.data_root={tmp_path / 'data'}"]

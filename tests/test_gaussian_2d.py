@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fedbench.studies import gaussian_2d as g2
+from fedbench.papers import gaussian_2d as g2
 
 G1 = g2.Gaussian2D.from_cov((-1.0, 0.5), [[1.2, 0.7], [0.7, 0.8]])
 G2 = g2.Gaussian2D.from_cov((1.5, -0.2), [[0.5, -0.3], [-0.3, 0.9]])
@@ -112,7 +112,7 @@ def test_mode_and_laplace():
 
 
 def test_figures_make_the_papers_points(tmp_path):
-    from fedbench.studies import gaussian_2d_figures as figs
+    from fedbench.papers import gaussian_2d_figures as figs
 
     f6 = figs.figure_fedlpa6(tmp_path / "f6.png")
     err = {k: np.linalg.norm(f6[k] - f6["exact"]) for k in ("kfac", "diag", "fedavg")}

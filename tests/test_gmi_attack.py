@@ -1,5 +1,5 @@
 """FedFisher Table 6 / Fig. 4: the privacy split, the K-FAC-matching loss against the curvature engine, the GMI
-attack on a tiny problem, config checks, and the study preset (fedbench.studies.gmi_attack)."""
+attack on a tiny problem, config checks, and the study preset (fedbench.papers.fedfisher.gmi_attack)."""
 import json
 
 import numpy as np
@@ -10,7 +10,7 @@ import torch.nn as nn
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.partition import make_partition
-from fedbench.studies import gmi_attack as g
+from fedbench.papers.fedfisher import gmi_attack as g
 
 QUICK = ["experiment=fedfisher/table6", "profile=quick"]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -128,7 +128,7 @@ def test_gan_trains_a_few_steps():
 
 # ---- config and preset ---------------------------------------------------------------------------------------
 def test_preset_composes_and_expands():
-    from fedbench.studies.presets import study_name
+    from fedbench.report.studies import study_name
 
     assert study_name(QUICK) == "gmi_attack"
     assert len(expand_sweep(QUICK)) == 1
@@ -152,10 +152,10 @@ def test_bad_config_gives_one_line_error(extra, msg):
 
 def test_table_joins_each_column_to_its_paper_row(tmp_path):
     from fedbench.results.records import compute_run_id
-    from fedbench.studies.presets import collect_study_table, study_runs
+    from fedbench.report.studies import collect_study_table, study_runs
 
     (run,) = study_runs(QUICK, tmp_path)
-    from fedbench.studies.presets import study_name
+    from fedbench.report.studies import study_name
     from tests.conftest import ok_record
     rec = {**ok_record(run["run_id"], f"study:{study_name(QUICK)}"), "metrics": {
         "attack_accuracy_local_model_client1": 70.0, "attack_accuracy_aggregate": 10.0,

@@ -7,7 +7,8 @@ The layers, lowest first. A module's layer is the entry with the longest matchin
 own layer or any lower one:
 
     base      errors, registry, numerics, checksums          (no fedbench imports but each other)
-    store     results.records / claims / summaries / schema  (torch-free run records: schema, files, ids, claims)
+    store     results.records / claims / summaries / schema / reference  (run records: schema, files, ids, claims;
+                                                             the papers' reference numbers)
     config    config                                         (torch-free composition, validation, preset specs)
     data      data, partition, models, eval                  (tensors, splits, networks, metrics)
     train     train, curvature                               (local training, posterior curvature)
@@ -15,8 +16,10 @@ own layer or any lower one:
     fl        fl                                             (the round loop, client-stage cache, server data)
     run       run, runner, results.loggers                   (one config end to end -> one record)
     launch    launch                                         (sweeps, local parallel jobs, Slurm)
-    report    results                                        (tables, figures, scoreboard from records)
-    studies   studies                                        (paper studies that drive runs and figures)
+    report    report                                         (collect -> tables, figures, scoreboard, study
+                                                             presets; the registry papers fill; names no paper)
+    papers    papers                                         (each paper's row keys, labels, figures, studies,
+                                                             registered into report by papers.load_papers())
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedbench"
 
 LAYERS: List[Tuple[str, ...]] = [
     ("fedbench", "fedbench.errors", "fedbench.registry", "fedbench.numerics", "fedbench.checksums"),
-    ("fedbench.results.records", "fedbench.results.claims", "fedbench.results.summaries", "fedbench.results.schema"),
+    ("fedbench.results.records", "fedbench.results.claims", "fedbench.results.summaries", "fedbench.results.schema",
+     "fedbench.results.reference"),
     ("fedbench.config",),
     ("fedbench.data", "fedbench.partition", "fedbench.models", "fedbench.eval"),
     ("fedbench.train", "fedbench.curvature"),
@@ -38,8 +42,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("fedbench.fl",),
     ("fedbench.run", "fedbench.runner", "fedbench.results.loggers"),
     ("fedbench.launch",),
-    ("fedbench.results",),
-    ("fedbench.studies",),
+    ("fedbench.report",),
+    ("fedbench.papers",),
 ]
 # third-party packages that may be imported inside a function: optional, or heavy enough to keep off the
 # start-up path of the torch-free modules (config, launch, records) and of the CLI

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
-from fedbench.results.tables import row_value
+from fedbench.report.tables import row_value
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.relative_to(CONF_DIR / "experiment").with_suffix("").as_posix()

@@ -6,8 +6,8 @@ import pandas as pd
 from fedbench import numerics
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
-from fedbench.results.scoreboard import _claim_status, render
-from fedbench.results.tables import COLLECTIONS, collect, read_collections, score
+from fedbench.report.scoreboard import _claim_status, render
+from fedbench.report.tables import COLLECTIONS, collect, read_collections, score
 from fedbench.runner import expand_aggregators
 from tests.conftest import ok_record
 

@@ -6,7 +6,7 @@ import pytest
 
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_json_atomic
-from fedbench.results.tables import partition_label, summarise, table_runs, to_markdown
+from fedbench.report.tables import partition_label, summarise, table_runs, to_markdown
 from fedbench.runner import expand_aggregators
 from fedbench.launch.sweep import CONF_DIR
 
@@ -75,7 +75,7 @@ def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_
     assert s.loc["fedlpa(solver=gd)", "mean"] == pytest.approx(40.5)
     # such a collection can be written beside the preset's own table instead of over it
     from fedbench.errors import FedbenchError
-    from fedbench.results.tables import collect
+    from fedbench.report.tables import collect
     path = collect(preset, out, tmp_path / "tables", suffix="solvers")
     assert path.name == "fedlpa_table6_solvers.md" and (tmp_path / "tables" / "fedlpa_table6_solvers_runs.csv").is_file()
     assert "fedlpa(solver=cg)" in path.read_text()
@@ -96,7 +96,7 @@ def test_reproduce_rejects_a_bad_table_name_before_training(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedbench: error: --name")
     # a setting that is a row key (FedBEns Fig. 4's T) separates rows already: labels stay plain
-    from fedbench.results.tables import split_conflated_methods
+    from fedbench.report.tables import split_conflated_methods
     rows = [{"method": "fedbens", "T": t, "seed": 0, "_algo": {"name": "fedbens", "temperature": t}} for t in (0.1, 1)]
     assert [r["method"] for r in split_conflated_methods(rows, ["T"])] == ["fedbens", "fedbens"]
     rows = [{"method": "fedprox(mu=0.1)", "seed": 0, "_algo": {"name": "fedprox", "mu": 0.1, "x": {"y": v}}}
@@ -106,7 +106,7 @@ def test_reproduce_rejects_a_bad_table_name_before_training(tmp_path, monkeypatc
 
 def test_row_variants_merge_into_one_column_only_when_they_never_share_a_row():
     import pandas as pd
-    from fedbench.results.tables import merge_row_variants
+    from fedbench.report.tables import merge_row_variants
     s = pd.DataFrame([
         {"dataset": "uci", "method": "fedprox(mu=1)", "n": 3, "planned": 3, "mean": 80.0, "std": 1.0},
         {"dataset": "mnist", "method": "fedprox(mu=0.1)", "n": 3, "planned": 3, "mean": 90.0, "std": 1.0},
@@ -145,7 +145,7 @@ def _cell(s, **keys):
 
 
 def test_fedlap_table3_rounds_to_accuracy_with_never(tmp_path):
-    from fedbench.results.tables import attach_reference
+    from fedbench.report.tables import attach_reference
     out = tmp_path / "out"
     preset = ["experiment=fedlap/table3", "profile=paper", "seed=0,1,2", "dataset=mnist", "partition=homo"]
     firsts = {("mnist", "fedavg"): [5, 6, 8], ("mnist", "feddyn"): [3, None, 4]}   # feddyn seed 1 never reaches 97.5
@@ -180,7 +180,7 @@ def test_fedlap_table3_rounds_to_accuracy_with_never(tmp_path):
 
 
 def test_fedbens_table8_ensemble_min_max_components(tmp_path):
-    from fedbench.results.tables import attach_reference
+    from fedbench.report.tables import attach_reference
     out = tmp_path / "out"
     preset = ["experiment=fedbens/table8", "profile=paper", "dataset=fmnist", "seed=0,1"]
     comps = {0: [50.0, 58.0, 55.0, 52.0, 57.0], 1: [54.0, 60.0, 53.0, 59.0, 56.0]}
@@ -205,7 +205,7 @@ def test_fedbens_table8_ensemble_min_max_components(tmp_path):
 
 
 def test_fola_table2_ga_la_and_rounds_columns(tmp_path):
-    from fedbench.results.tables import attach_reference
+    from fedbench.report.tables import attach_reference
     out = tmp_path / "out"
     preset = ["experiment=fola/table2", "profile=paper", "seed=0"]
 
@@ -233,7 +233,7 @@ def test_fola_table2_ga_la_and_rounds_columns(tmp_path):
 
 def test_bad_column_declarations_fail_with_one_line():
     from fedbench.errors import FedbenchError
-    from fedbench.results.tables import column_specs, table_layout
+    from fedbench.report.tables import column_specs, table_layout
     import pandas as pd
     meta = {"paper": "x", "id": "t", "rows": ["dataset", "partition"]}
     for cols, match in [([{"name": "a"}], "name and a value"),
@@ -249,7 +249,7 @@ def test_bad_column_declarations_fail_with_one_line():
 
 
 def test_cells_keep_small_values_readable():
-    from fedbench.results.tables import format_cell
+    from fedbench.report.tables import format_cell
     # accuracies: 2 decimals; losses below 0.1 (FedFisher Fig. 1's training error): 3 significant digits
     assert format_cell({"mean": 74.2812, "std": 3.4456, "n": 3, "paper": 68.36}) == "74.28 ± 3.45 (n=3) / 68.36 / Δ +5.92 ✗"
     assert format_cell({"mean": 0.01532, "std": 0.004471, "n": 2}).startswith("0.0153 ± 0.00447 (n=2) / —")

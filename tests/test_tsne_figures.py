@@ -11,7 +11,7 @@ import torch
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run
 from fedbench.models import build_model
-from fedbench.results import tsne
+from fedbench.papers.fedlpa import tsne
 from fedbench.results.records import compute_run_id, is_complete
 
 SMALL = ["dataset=synthetic", "dataset.kwargs.like=mnist", "dataset.kwargs.train_size=300",
@@ -129,17 +129,17 @@ def test_runs_without_saved_weights_give_one_clear_error(runs, tmp_path):
 
 def test_preset_draws_both_plots_and_asks_for_saved_weights(tmp_path):
     """The preset's records without weights (e.g. Table 1's older runs): plot_preset_figures says what to do."""
-    from fedbench.results import fola_figures as ff
+    from fedbench.report.figures import plot_preset_figures
 
     ovs = ["experiment=fedlpa/figure1", "profile=quick"]
     cfg = compose_run(ovs + ["seed=0"])
     assert cfg.save_model is True and list(cfg.table.plots) == ["tsne_global", "tsne_local"]
-    df = ff.preset_records(ovs, tmp_path)
+    df = tsne.preset_runs(ovs, tmp_path)
     assert len(df) == 5
     for rid, algo in zip(df["run_id"], ["fedlpa", "fedavg", "fednova", "scaffold", "fedprox"]):
         (tmp_path / "runs" / rid).mkdir(parents=True)
         (tmp_path / "runs" / rid / "metrics.json").write_text(json.dumps(
             {**ok_record(rid, algo), "config": {"algorithm": {"name": algo}}, "metrics": {}}))
     with pytest.raises(FedbenchError, match="rerun the preset with save_model=true"):
-        ff.plot_preset_figures(ovs, tmp_path, tmp_path / "figures")
+        plot_preset_figures(ovs, tmp_path, tmp_path / "figures")
     shutil.rmtree(tmp_path / "runs")

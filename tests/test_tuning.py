@@ -123,7 +123,7 @@ def test_selection_never_sees_the_test_set_and_the_choice_reaches_the_record(tmp
 
 
 def test_tuned_table_uses_the_final_runs_and_names_the_chosen_values(tmp_path, one_thread):
-    from fedbench.results.tables import collect
+    from fedbench.report.tables import collect
 
     _, final = _tune(tmp_path, "out")
     ovs = TINY + [f"paths.output_root={tmp_path / 'out'}", "tuning=on"]

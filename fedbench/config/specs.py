@@ -1,5 +1,5 @@
 """Typed preset specs checked before any training: a preset's ``table.figure`` (drawn by
-fedbench.results.figures). One-line FedbenchError for a bad declaration."""
+fedbench.report.figures). One-line FedbenchError for a bad declaration."""
 from __future__ import annotations
 
 from typing import Any, Dict

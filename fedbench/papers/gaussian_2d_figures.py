@@ -1,4 +1,4 @@
-"""Drawing FedLPA Fig. 6, FOLA Fig. 2 and FedBEns Fig. 1 from ``fedbench.studies.gaussian_2d``.
+"""Drawing FedLPA Fig. 6, FOLA Fig. 2 and FedBEns Fig. 1 from ``fedbench.papers.gaussian_2d``.
 
 Each ``figure_*`` function computes its scenario, draws it with a legend and a caption that says what is shown,
 writes a PNG and returns the numbers it drew (for the tests and the script's printout).
@@ -11,7 +11,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from fedbench.studies import gaussian_2d as g2
+from fedbench.papers import gaussian_2d as g2
 
 CLIENT_COLORS = ("tab:blue", "tab:green")
 DPI = 110

@@ -31,7 +31,7 @@ with each method's local loss (its prior centred at θ* with the method's own fi
 FedAvg — the note leaves this open), against LA = Σ π_n acc(θ_n).
 
 ``run_from_config`` runs either study from a fedbench config (an experiment preset with ``table.study:
-fola_laplace``; fedbench.studies.presets) and writes its CSVs next to a run record.
+fola_laplace``; fedbench.report.studies) and writes its CSVs next to a run record.
 """
 from __future__ import annotations
 

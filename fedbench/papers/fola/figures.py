@@ -1,11 +1,10 @@
-"""FOLA's figures (fola.md §4, §6 R1-R8) from run and study records; also the dispatch of every preset's named
-plots (``table.plots``), including FedLPA's t-SNE figures drawn from saved weights (fedbench.results.tsne).
+"""FOLA's figures (fola.md §4, §6 R1-R8) from run and study records, registered as plot kinds (``PLOTS``).
 
-A preset names its plots in ``table.plots`` (``fola_fig3`` ... ``fola_fig12``); ``plot_preset_figures`` draws
+A preset names its plots in ``table.plots`` (``fola_fig3`` ... ``fola_fig12``); fedbench.report.figures draws
 them into ``results/figures/<paper>_<id>[_<profile>].png`` with the plotted numbers beside them
 (``..._data.csv``), the profile in every title (quick = reduced, NOT the paper's protocol). The runs are exactly
 the preset's sweep (the same selection as the tables); study presets (Figs. 10-12) read the files the study wrote
-next to its record (fedbench.studies.presets).
+next to its record (fedbench.report.studies).
 
 Selections that read the test set are named: Figs. 3-4 take the best GA over the other hyperparameters as the
 paper does (``table.select: best_on_test``; ``mean`` averages over them instead). Paper points, where the text
@@ -15,19 +14,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import pandas as pd
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
-from fedbench.results.plotting import figure_title, pyplot, save_figure
-from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep, study_runs
-from fedbench.results.records import compute_run_id, load_record
-from fedbench.numerics import is_current
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.report.plotting import figure_title, pyplot, save_figure
+from fedbench.report.registry import PlotRequest
+from fedbench.report.runs import finished_studies, preset_records
 from fedbench.results.reference import load_reference
-from fedbench.results.tsne import plot_tsne
 
 SELECTS = ("best_on_test", "mean")
 COLORS = {"FOLA": "C0", "FOLA agg.-only": "C2", "FOLA-offline": "C3", "FOLA prior + FedAvg agg.": "C4",
@@ -53,70 +49,20 @@ def method_label(algo: Dict[str, Any]) -> str:
 
 
 # ---- run selection -----------------------------------------------------------------------------------------
-_GROUPS = ("dataset", "partition", "model", "algorithm", "hardware", "logger", "experiment", "local")
+def describe_run(sub, a: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings the FOLA figures use, with the figure's method label, for one run of a preset's sweep."""
+    return {"method": method_label(a),
+            "algorithm": a.get("name"), "lambda": a.get("lambda_prior"),
+            "alpha": sub.partition.get("alpha"), "num_clients": int(sub.num_clients),
+            "epochs": int(sub.local.epochs), "lr": float(sub.local.lr),
+            "batch_size": int(sub.local.batch_size), "seed": int(sub.seed), "rounds": int(sub.rounds),
+            "profile": sub.get("profile")}
 
 
-def _composed(overrides: Sequence[str]):
-    """(overrides, config) of every run of the sweep. Hydra's compose costs ~0.1 s a run, too slow for FOLA R1's
-    93,750 runs: runs that differ only in plain value overrides reuse one composed template with the values
-    set, which is checked against a full compose on the second run of every template (else: full compose)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    templates: Dict[tuple, Any] = {}
-    for ovs in expand_sweep(overrides):
-        parsed = parser.parse_overrides(list(ovs))
-        structural = [o for o, p in zip(ovs, parsed)
-                      if p.is_add() or p.is_delete() or p.is_force_add() or p.key_or_group in _GROUPS]
-        values = [(p.key_or_group, p.value()) for p in parsed
-                  if not (p.is_add() or p.is_delete() or p.is_force_add() or p.key_or_group in _GROUPS)]
-        key = (tuple(structural), tuple(sorted(k for k, _ in values)))
-        state = templates.get(key)
-        if state is None:
-            cfg = compose_run(ovs)
-            templates[key] = {"cfg": cfg, "checked": False, "fast": True}
-            yield ovs, cfg
-            continue
-        cfg = None
-        if state["fast"]:
-            cfg = state["cfg"].copy()
-            for k, v in values:
-                OmegaConf.update(cfg, k, v, merge=False)
-            if not state["checked"]:
-                slow = compose_run(ovs)
-                state["checked"] = True
-                if compute_run_id(slow) != compute_run_id(cfg) or OmegaConf.to_container(slow.get("table")) != \
-                        OmegaConf.to_container(cfg.get("table")):
-                    state["fast"], cfg = False, slow
-        yield ovs, cfg if cfg is not None else compose_run(ovs)
-
-
-def preset_records(overrides: Sequence[str], output_root: Path) -> pd.DataFrame:
-    """One row per (run, aggregator) of the preset's sweep: the settings the FOLA figures use, the method label,
-    the record's final metrics, run id and status; ``attrs['table']`` is the preset's table block."""
-
-    rows, meta = [], None
-    for ovs, cfg in _composed(overrides):
-        if meta is None:
-            meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
-        subs = expand_aggregators(cfg, CONF_DIR, allow_missing=True) if cfg.get("aggregators") else [cfg]
-        for sub in subs:
-            a = OmegaConf.to_container(sub.algorithm, resolve=True)
-            rid = compute_run_id(sub)
-            rec = load_record(Path(output_root), rid)
-            ok = rec.get("status") == "ok" and rec.get("run_id") == rid and is_current(rec)
-            m = (rec.get("metrics") or {}) if ok else {}
-            rows.append({"run_id": rid, "status": "ok" if ok else "missing", "record_dir": rec.get("_dir"),
-                         "method": method_label(a),
-                         "algorithm": a.get("name"), "lambda": a.get("lambda_prior"),
-                         "alpha": sub.partition.get("alpha"), "num_clients": int(sub.num_clients),
-                         "epochs": int(sub.local.epochs), "lr": float(sub.local.lr),
-                         "batch_size": int(sub.local.batch_size), "seed": int(sub.seed), "rounds": int(sub.rounds),
-                         "profile": sub.get("profile"), "accuracy": m.get("accuracy"),
-                         "local_accuracy": m.get("local_accuracy")})
-    df = pd.DataFrame(rows)
-    df.attrs["table"] = meta or {}
-    return df
+def fola_records(overrides, output_root: Path) -> pd.DataFrame:
+    """One row per (run, aggregator) of the preset's sweep (fedbench.report.runs.preset_records) with
+    ``describe_run``'s columns."""
+    return preset_records(overrides, output_root, describe_run)
 
 
 def _finished(df: pd.DataFrame) -> pd.DataFrame:
@@ -456,35 +402,24 @@ def plot_fig12(corr: pd.DataFrame, path: Path, title: str, ae_round: int = 3,
     return save_figure(fig, path, corr, title)
 
 
-# ---- dispatch --------------------------------------------------------------------------------------------------
-RUN_PLOTS: Dict[str, Callable] = {"fola_fig3": plot_fig3, "fola_fig4": plot_fig4, "fola_fig6ab": plot_fig6ab,
-                                  "fola_fig8": plot_fig8, "fola_fig6c": plot_fig6c}
-HISTORY_PLOTS: Dict[str, Callable] = {"fola_fig7": plot_fig7, "fola_fig9": plot_fig9}
-STUDY_PLOTS = ("fola_fig10", "fola_fig11", "fola_fig12")
-MODEL_PLOTS = ("tsne_global", "tsne_local")   # from saved weights (save_model=true): FedLPA Figs. 1, 4, 5 (results/tsne.py)
-PLOTS = tuple(RUN_PLOTS) + tuple(HISTORY_PLOTS) + STUDY_PLOTS + MODEL_PLOTS
+# ---- the plot kinds FOLA registers (fedbench.report.registry) -----------------------------------------------
+def _from_records(draw: Callable) -> Callable[[PlotRequest], Path]:
+    """Figs. 3, 4, 6, 8: the final metrics of the preset's runs."""
+    return lambda req: draw(req.frame(fola_records), req.meta, req.path, req.profile)
 
 
-def _profile(overrides: Sequence[str]) -> str:
-    return next((o.split("=", 1)[1] for o in overrides if o.startswith("profile=")), "paper")
+def _from_histories(draw: Callable) -> Callable[[PlotRequest], Path]:
+    """Figs. 7, 9: the runs' histories."""
+    return lambda req: draw(req.frame(fola_records), req.meta, req.path, req.profile, req.output_root)
 
 
-def _study_frames(overrides: Sequence[str], output_root: Path):
-    """The study preset's finished runs: (meta, [(config, run folder)])."""
-
-    runs = study_runs(overrides, output_root)
-    meta = OmegaConf.to_container(runs[0]["config"].table, resolve=True) if runs else {}
-    done = [(r["config"], r["dir"]) for r in runs if r["record"] is not None]
-    if not done:
-        raise FedbenchError("no finished study runs to plot (run `make reproduce` for this preset first)")
-    return meta, done
-
-
-def _plot_study(kind: str, overrides: Sequence[str], output_root: Path, path: Path, profile: str) -> Path:
+def plot_study(req: PlotRequest) -> Path:
+    """Figs. 10-12 from the files the §IV-E study runs wrote next to their records."""
     import torch
 
-    meta, done = _study_frames(overrides, output_root)
-    title = figure_title(meta, profile)
+    kind, path = req.kind, req.path
+    meta, done = finished_studies(req.overrides, req.output_root)
+    title = figure_title(meta, req.profile)
     if kind == "fola_fig12":
         frames = []
         for cfg, folder in done:
@@ -507,32 +442,9 @@ def _plot_study(kind: str, overrides: Sequence[str], output_root: Path, path: Pa
     return plot_fig10(rounds, pd.read_csv(folder / "sweep.csv"), heat, path, title)
 
 
-def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir: Path) -> List[Path]:
-    """Draw the preset's ``table.plots``; [] for a preset that declares none."""
-
-    runs = expand_sweep(overrides)
-    cfg = compose_run(runs[0]) if runs else None
-    meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg is not None and cfg.get("table") else {}
-    kinds = list(meta.get("plots") or [])
-    bad = [k for k in kinds if k not in PLOTS]
-    if bad:
-        raise FedbenchError(f"table.plots: unknown plot(s) {', '.join(map(str, bad))}; known: {', '.join(PLOTS)}")
-    if not kinds:
-        return []
-    profile = _profile(overrides)
-    base = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}")
-    paths = []
-    df = None
-    for k in kinds:
-        path = Path(figures_dir) / (f"{base}.png" if len(kinds) == 1 else f"{base}_{k}.png")
-        if k in STUDY_PLOTS:
-            paths.append(_plot_study(k, overrides, output_root, path, profile))
-            continue
-        df = preset_records(overrides, output_root) if df is None else df
-        if k in MODEL_PLOTS:
-            paths.append(plot_tsne(k, df, meta, path, profile, output_root))
-        elif k in RUN_PLOTS:
-            paths.append(RUN_PLOTS[k](df, meta, path, profile))
-        else:
-            paths.append(HISTORY_PLOTS[k](df, meta, path, profile, output_root))
-    return paths
+PLOTS: Dict[str, Callable[[PlotRequest], Path]] = {
+    "fola_fig3": _from_records(plot_fig3), "fola_fig4": _from_records(plot_fig4),
+    "fola_fig6ab": _from_records(plot_fig6ab), "fola_fig8": _from_records(plot_fig8),
+    "fola_fig6c": _from_records(plot_fig6c), "fola_fig7": _from_histories(plot_fig7),
+    "fola_fig9": _from_histories(plot_fig9),
+    "fola_fig10": plot_study, "fola_fig11": plot_study, "fola_fig12": plot_study}

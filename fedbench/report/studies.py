@@ -1,21 +1,20 @@
-"""Experiment presets that drive a study instead of ``run.py`` (FOLA Figs. 10-12: the §IV-E softmax-regression
-study, fedbench.studies.fola_laplace; FedFisher Table 6 / Fig. 4: the GMI attack, fedbench.studies.gmi_attack).
+"""Experiment presets that drive a study instead of ``run.py``: the studies the papers register
+(fedbench.report.registry.register_study, e.g. FOLA's §IV-E softmax-regression study and FedFisher's GMI attack).
 
-A preset declares ``table.study: <module>`` (a module of ``fedbench.studies`` with ``run_from_config(cfg,
-out_dir, launch_dir=..., log=...)``) and otherwise looks like any preset: its sweep and profiles expand into
+A preset declares ``table.study: <name>`` (a registered ``Study``: ``settings(cfg)``, ``run(cfg, out_dir,
+launch_dir=...)``, optionally ``publish``) and otherwise looks like any preset: its sweep and profiles expand into
 runs (``fedbench.launch.sweep.expand_sweep``), each run's config has a run id, and the study writes its files
 into ``<output_root>/runs/<run_id>/`` with a ``metrics.json`` record (``status: ok``, the resolved config, the
 files), so a finished study is skipped on the next ``make reproduce`` exactly as a finished run is.
 
 A study preset with ``table.columns`` also gets a table (``collect_study_table``: the records' values beside the
-paper's numbers, as ``fedbench.results.tables.collect``). With ``table.column_methods: true`` every derived
+paper's numbers, as ``fedbench.report.tables.collect``). With ``table.column_methods: true`` every derived
 column is one method of the paper's table (one study run measures all of them, e.g. the three levels of
 server access of FedFisher Table 6), so a column's name is the ``method`` its reference row is joined on.
-A study module may define ``publish(runs, figures_dir, profile)`` to copy its figures into results/figures/.
+A study may have ``publish(runs, figures_dir, profile)`` to copy its figures into results/figures/.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from pathlib import Path
@@ -27,10 +26,9 @@ from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep, study_runs
 from fedbench.numerics import current
 from fedbench.results.records import write_json_atomic
-from fedbench.results.fola_figures import plot_preset_figures
-from fedbench.results.tables import attach_reference, summarise, table_runs, to_markdown
-
-STUDIES = ("fola_laplace", "gmi_attack")
+from fedbench.report.figures import plot_preset_figures
+from fedbench.report.registry import STUDIES, registered
+from fedbench.report.tables import attach_reference, summarise, table_runs, to_markdown
 
 
 def study_name(overrides: Sequence[str]) -> Optional[str]:
@@ -43,13 +41,9 @@ def study_name(overrides: Sequence[str]) -> Optional[str]:
     name = table.get("study") if table is not None else None
     if name is None:
         return None
-    if name not in STUDIES:
+    if name not in registered(STUDIES):
         raise FedbenchError(f"table.study must be one of {', '.join(STUDIES)}, got {name!r}")
     return str(name)
-
-
-def _module(name: str):
-    return importlib.import_module(f"fedbench.studies.{name}")
 
 
 def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None, *, force: bool = False,
@@ -60,18 +54,18 @@ def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None,
     name = study_name(overrides)
     if name is None:
         raise FedbenchError("not a study preset (its table has no `study` key)")
-    mod = _module(name)
+    study = STUDIES[name]
     output_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
     runs = study_runs(overrides, output_root)
     for r in runs:   # reject bad settings of every run before computing any
-        mod.study_settings(r["config"])
+        study.settings(r["config"])
     todo = [r for r in runs if force or r["record"] is None]
     log(f"{len(todo)} study run(s) to do, {len(runs) - len(todo)} already done")
     for i, r in enumerate(todo, 1):
         log(f"[{i}/{len(todo)}] {' '.join(r['overrides'])}")
         t0 = time.perf_counter()
-        extra = mod.run_from_config(r["config"], r["dir"], launch_dir=launch_dir)
+        extra = study.run(r["config"], r["dir"], launch_dir=launch_dir)
         rec = {"run_id": r["run_id"], "status": "ok", "study": name, "algorithm": f"study:{name}",
                "numerics": current(f"study:{name}"),
                "config": OmegaConf.to_container(r["config"], resolve=True),
@@ -92,11 +86,11 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
     output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
     figures_dir = Path(launch_dir) / "results" / "figures"
     paths = plot_preset_figures(overrides, output_root, figures_dir)
-    mod = _module(study_name(overrides))
-    if hasattr(mod, "publish"):
+    study = STUDIES[study_name(overrides)]
+    if study.publish is not None:
         runs = study_runs(overrides, output_root)
         profile = str(runs[0]["config"].get("profile") or "paper") if runs else "paper"
-        paths += mod.publish(runs, figures_dir, profile)
+        paths += study.publish(runs, figures_dir, profile)
     table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables")
     return paths + ([table] if table is not None else [])
 

@@ -1,6 +1,6 @@
 """FedLPA Figs. 1, 4, 5 (fedlpa.md §4 "Figures"): 2-D t-SNE of the penultimate-layer features of saved models.
 
-``table.plots: [tsne_global, tsne_local]`` (dispatched by ``fedbench.results.fola_figures.plot_preset_figures``):
+``table.plots: [tsne_global, tsne_local]`` (registered as plot kinds; drawn by ``fedbench.report.figures.plot_preset_figures``):
 - ``tsne_global``: one panel per finished run of the preset (FedLPA = Fig. 1; FedAvg, FedNova, SCAFFOLD, FedProx,
   DENSE = Fig. 5), embedding that run's final global model (``model.pt``);
 - ``tsne_local``: one panel per round-1 client model (Fig. 4, panels a-j), from the FedLPA run's ``clients.pt``
@@ -24,7 +24,9 @@ import torch
 import torch.nn as nn
 
 from fedbench.errors import FedbenchError
-from fedbench.results.plotting import figure_title, pyplot, save_figure
+from fedbench.report.plotting import figure_title, pyplot, save_figure
+from fedbench.report.registry import PlotRequest
+from fedbench.report.runs import preset_records
 from fedbench.data import load_dataset
 from fedbench.train.engine import TrainData
 from fedbench.models import build_model
@@ -219,3 +221,18 @@ def plot_tsne(kind: str, df: pd.DataFrame, meta: Dict[str, Any], path: Path, pro
     title = (figure_title(meta, profile) + f" — t-SNE of {what}: {layer} features of {len(labels)} training points "
              f"(seeded subsample), colour = true class" + (f"; not run: {', '.join(missing)}" if missing else ""))
     return _draw(panels, labels, title, path, int(blob["num_classes"]))
+
+
+# ---- the plot kinds FedLPA registers (fedbench.report.registry) --------------------------------------------------
+def describe_run(sub, a: Dict[str, Any]) -> Dict[str, Any]:
+    return {"algorithm": a.get("name"), "seed": int(sub.seed)}
+
+
+def preset_runs(overrides, output_root: Path) -> pd.DataFrame:
+    """The preset's runs with their status, algorithm and seed (fedbench.report.runs.preset_records)."""
+    return preset_records(overrides, output_root, describe_run)
+
+
+def plot_kind(req: PlotRequest) -> Path:
+    """``tsne_global`` or ``tsne_local`` of the preset's runs."""
+    return plot_tsne(req.kind, req.frame(preset_runs), req.meta, req.path, req.profile, req.output_root)

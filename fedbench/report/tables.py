@@ -29,17 +29,19 @@ from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
 from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
-from fedbench.results.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
+from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import atomic_write_bytes, compute_run_id, load_record, publish_record, read_history
 from fedbench.results.summaries import last_k, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.results.reference import load_reference
+from fedbench.report.registry import METHOD_LABELS, PARTITION_LABELS, ROW_KEYS, registered
 
 
 def partition_label(p: Dict[str, Any]) -> str:
-    """The label the papers' tables use for a partition config."""
+    """The label the papers' tables use for a partition config: NIID-Bench's families here, the others as the
+    papers register them (fedbench.report.registry.register_partition_label)."""
     name = p.get("name")
     if name == "niid-bench":
         return str(p.get("spec"))
@@ -47,38 +49,21 @@ def partition_label(p: Dict[str, Any]) -> str:
         return f"beta={p.get('beta'):g}"
     if str(name).startswith("noniid-#label"):
         return f"#C={p.get('k')}"
-    if name in ("dirichlet_clientwise", "dirichlet_per_class_contiguous"):
-        return f"alpha={p.get('alpha'):g}"
-    if name in ("size_class_dirichlet", "uci_inhomogeneous"):
-        return "heterog"
     if name == "homo":
         return "homog"
-    if name == "natural":
-        return "heterog"   # FedLap writes FLamby's natural hospital split as heterogeneous
+    if name in registered(PARTITION_LABELS):
+        return PARTITION_LABELS[name](p)
     return str(name)
 
 
 def method_label(a: Dict[str, Any]) -> str:
+    """A table's name for an algorithm config: ``fedprox(mu=…)``, a variant label a paper registers
+    (fedbench.report.registry.register_method_label), else the algorithm's name."""
     name = a.get("name")
     if name == "fedprox":
         return f"fedprox(mu={a.get('mu'):g})"
-    if name == "fedbens" and a.get("laplace") in ("diag_full_last", "diag"):   # FedBEns' Hessian columns
-        return "fedbens_diag_full" if a.get("laplace") == "diag_full_last" else "fedbens_diag"
-    if name == "fola" and (a.get("fisher") or {}).get("mode") == "offline":
-        return "fola_offline"
-    return str(name)
-
-
-def _algo_key(c: Dict[str, Any], names, fn):
-    a = c.get("algorithm") or {}
-    return fn(a) if str(a.get("name", "")).startswith(names) else None
-
-
-def _s_q(a: Dict[str, Any]):
-    """FedFisher Tables 4/5's s_q: 1 = uncompressed, else 32 // bits of the curvature upload."""
-    if not a.get("compression", True):
-        return 1
-    return 32 // int(a.get("factor_bits") or a.get("fisher_bits") or 16)
+    variant = METHOD_LABELS[name](a) if name in registered(METHOD_LABELS) else None
+    return str(name) if variant is None else variant
 
 
 KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
@@ -88,20 +73,19 @@ KEY_FUNCS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
     "local_epochs": lambda c: c["local"]["epochs"],
     "rounds": lambda c: c["rounds"],
     "seed": lambda c: c["seed"],
-    # method-variant axes of single tables (results/reference/README.md key columns)
-    "lambda": lambda c: _algo_key(c, "fedlpa", lambda a: a.get("damping")),                 # FedLPA Table 3
-    "s_q": lambda c: _algo_key(c, "fedfisher", _s_q),                                        # FedFisher Tables 4-5
-    "M": lambda c: _algo_key(c, "fedbens", lambda a: "custom" if a.get("members_per_client") else a.get("members")),
-    "T": lambda c: _algo_key(c, "fedbens", lambda a: a.get("temperature")),                   # FedBEns Fig. 4
-    "sigma2": lambda c: _algo_key(c, "fedbens", lambda a: a.get("prior_var")),                # FedBEns Fig. 5
-    "width": lambda c: (c.get("model") or {}).get("width"),                                  # FedFisher Fig. 1a
-    "map_delta": lambda c: (c.get("eval") or {}).get("map_reference"),                       # FedLap App. D.2
 }
 
 
+def key_funcs() -> Dict[str, Callable[[Dict[str, Any]], Any]]:
+    """Every named row key: the generic ones above, then the method-variant axes the papers register
+    (results/reference/README.md key columns: FedLPA Table 3's ``lambda``, FedBEns' ``M``, ...)."""
+    return {**KEY_FUNCS, **registered(ROW_KEYS)}
+
+
 def row_value(cfg: Dict[str, Any], key: str):
-    if key in KEY_FUNCS:
-        return KEY_FUNCS[key](cfg)
+    funcs = key_funcs()
+    if key in funcs:
+        return funcs[key](cfg)
     node: Any = cfg
     for part in key.split("."):  # any dotted config path, e.g. algorithm.lam
         node = node.get(part) if isinstance(node, dict) else None
@@ -134,7 +118,7 @@ class ColumnSpec:
     def __init__(self, name: str, value: str, metric: str = "accuracy", keys: Optional[Dict[str, Any]] = None,
                  where: Optional[Dict[str, Any]] = None, never: bool = False, per_client: bool = False):
         self.name, self.value, self.metric, self.never = str(name), str(value), str(metric), bool(never)
-        self.per_client = bool(per_client)   # cost columns: per client, not per run (fedbench.results.costs)
+        self.per_client = bool(per_client)   # cost columns: per client, not per run (fedbench.report.costs)
         self.keys = dict(keys or {})
         self.where = {k: [norm_key(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
                       for k, v in (where or {}).items()}
@@ -166,9 +150,9 @@ def column_specs(meta: Dict[str, Any]) -> List[ColumnSpec]:
         parse_source(c["value"])
         check_cost_column(c, where)
         for k in c.get("where") or {}:
-            if k not in rows and k not in KEY_FUNCS:
+            if k not in rows and k not in key_funcs():
                 raise FedbenchError(f"{where}: {c['name']!r} filters on {k!r}, which is neither a row key "
-                                    f"({', '.join(sorted(rows))}) nor one of {', '.join(KEY_FUNCS)}")
+                                    f"({', '.join(sorted(rows))}) nor one of {', '.join(key_funcs())}")
         for k in c.get("keys") or {}:
             if k in rows or k in _RESERVED:
                 raise FedbenchError(f"{where}: {c['name']!r} key {k!r} clashes with a row key or a reserved column")
@@ -470,7 +454,7 @@ def format_cell(r: Dict[str, Any], paper_n: Optional[int] = None, show_n: bool =
 
 
 def _cell_text(r: Dict[str, Any], paper_n: Optional[int], show_n: bool) -> str:
-    """A cost cell (seconds, minutes, MB: fedbench.results.costs) or a cell compared with a tolerance."""
+    """A cost cell (seconds, minutes, MB: fedbench.report.costs) or a cell compared with a tolerance."""
     return format_cost_cell(r, show_n) if is_cost(r.get("metric")) else format_cell(r, paper_n, show_n=show_n)
 
 
@@ -551,7 +535,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
              f"(|Δ| ≤ max({TOLERANCE_POINTS:g} points, 2 × the combined standard error; paper n = {paper_n or '?'})). "
              "`not run` = no ok record yet; `—` = no paper number; `+k stale` = k records of older numerics left out."]
     only_costs = bool(specs) and all(is_cost(s.metric) for s in specs)
-    if only_costs:   # a cost table is read by its ratios, never scored (fedbench/results/costs.py)
+    if only_costs:   # a cost table is read by its ratios, never scored (fedbench/report/costs.py)
         lines[-1] = header_note(meta, one_n)
     if specs:
         lines.append("Columns: " + "; ".join(f"{s.name} = `{s.value}`" for s in specs) + ".")

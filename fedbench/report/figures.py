@@ -11,6 +11,9 @@
 
 The runs are exactly those of a preset's sweep (the same selection as the tables), so a figure never mixes
 runs from other configurations.
+
+A preset's named plots (``table.plots``) are plot kinds the papers register (fedbench.report.registry);
+``plot_preset_figures`` draws them.
 """
 from __future__ import annotations
 
@@ -21,10 +24,14 @@ import textwrap
 
 import pandas as pd
 
+from omegaconf import OmegaConf
+
 from fedbench.config.specs import figure_spec
 from fedbench.errors import FedbenchError
+from fedbench.launch.sweep import compose_run, expand_sweep
+from fedbench.report.registry import PLOT_KINDS, PlotRequest, registered
 from fedbench.results.records import read_history
-from fedbench.results.tables import norm_key, table_runs
+from fedbench.report.tables import norm_key, table_runs
 from fedbench.results.reference import load_reference
 
 
@@ -292,3 +299,31 @@ def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, m
         ref = None
     return plot_curves(curves, figures_dir / f"{name}.png", metric=metric, title=title, reference=ref,
                        log_y=spec["log_y"])
+
+
+# ---- a preset's named plots (table.plots): the plot kinds the papers register --------------------------------
+def _profile(overrides: Sequence[str]) -> str:
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("profile=")), "paper")
+
+
+def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir: Path) -> List[Path]:
+    """Draw the preset's ``table.plots`` into ``<figures_dir>/<paper>_<id>[_<profile>][_<kind>].png``; [] for a
+    preset that declares none."""
+
+    runs = expand_sweep(overrides)
+    cfg = compose_run(runs[0]) if runs else None
+    meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg is not None and cfg.get("table") else {}
+    kinds = list(meta.get("plots") or [])
+    bad = [k for k in kinds if k not in registered(PLOT_KINDS)]
+    if bad:
+        raise FedbenchError(f"table.plots: unknown plot(s) {', '.join(map(str, bad))}; known: {', '.join(PLOT_KINDS)}")
+    if not kinds:
+        return []
+    profile = _profile(overrides)
+    base = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}")
+    frames: Dict = {}   # one scan of the records for every plot of the preset
+    paths = []
+    for k in kinds:
+        path = Path(figures_dir) / (f"{base}.png" if len(kinds) == 1 else f"{base}_{k}.png")
+        paths.append(PLOT_KINDS[k](PlotRequest(k, overrides, output_root, path, profile, meta, frames)))
+    return paths

@@ -2,7 +2,7 @@
 
 Generated from three committed inputs only, so a test can check that the committed file is up to date:
 - the collections (results/collections.yaml) and the run records behind them (results/records/): every cell run,
-  compared with the paper's number under the tables' tolerance (fedbench.results.tables.tolerance);
+  compared with the paper's number under the tables' tolerance (fedbench.report.tables.tolerance);
 - the reference CSVs (results/reference/): how many cells each paper table has, and which are runnable here;
 - the campaign plan (results/campaign.yaml): per table, what is runnable, its cost on this machine and what is
   left out and why; the headline claims with the rule that checks each; gap explanations (results/gaps.md).
@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.results.reference import available_tables, load_reference
-from fedbench.results.tables import (COLLECTIONS, SUMMARY_VARIANTS, attach_reference, norm_key, paper_seeds,
+from fedbench.report.tables import (COLLECTIONS, SUMMARY_VARIANTS, attach_reference, norm_key, paper_seeds,
                                      read_collections, score, summarise, table_runs)
 
 CAMPAIGN = "campaign.yaml"
