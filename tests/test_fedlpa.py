@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from fedbench.algorithms import fedlpa as fl
 from fedbench.algorithms.base import ALGORITHMS
@@ -103,6 +104,92 @@ def test_gd_is_autodiff_gd_on_mean_mse_and_lr_one_can_diverge():
     assert not torch.isfinite(M1).all() or (M1 - M_star).norm() > 1e6
     M2 = fl.gd_solve(Gs, As, p, Z, M_ea, 2000, 0.99 * 20 / lmax ** 2)
     assert (M2 - M_star).norm() < (M_ea - M_star).norm()
+
+
+@pytest.mark.parametrize("K,o,i,seed", [(3, 4, 5, 0), (2, 1, 3, 3), (5, 10, 21, 2)])
+def test_lanczos_lambda_max_matches_the_dense_eigendecomposition(K, o, i, seed):
+    """λ_max of 𝒜 from 30 Lanczos steps on KronSystem = the top eigenvalue of the explicit Σ p_k kron(G_k, A_k),
+    also when the layer has more unknowns (210) than Lanczos steps, and in float32 to float32 rounding."""
+    Gs, As, Ms, p = _problem(K=K, o=o, i=i, seed=seed)
+    Kd = _dense(Gs, As, Ms, p)[0]
+    exact = float(torch.linalg.eigvalsh(Kd)[-1])
+    est = fl.lambda_max(fl.KronSystem(Gs, As, p), Ms[0])
+    assert abs(est - exact) <= 1e-12 * exact
+    est32 = fl.lambda_max(fl.KronSystem(Gs.float(), As.float(), p.float()), Ms[0].float())
+    assert abs(est32 - exact) <= 1e-5 * exact
+    assert est != fl.lambda_max(fl.KronSystem(2 * Gs, As, p), Ms[0])          # it reads the operator
+    assert abs(fl.lambda_max(fl.KronSystem(2 * Gs, As, p), Ms[0]) - 2 * exact) <= 1e-12 * exact
+
+
+def test_stable_step_converges_where_the_fixed_step_diverges():
+    """gd_lr = 1 above the limit n/λ_max² (= 20/λ² < 1 here): the released fixed step blows up, the stable step
+    min(gd_lr, 1/L), L = 2λ²/n, is exactly half the limit and GD from EA converges to the dense solution."""
+    Gs, As, Ms, p = _problem(seed=1)
+    Kd, _, M_star = _dense(Gs, As, Ms, p)
+    lam = float(torch.linalg.eigvalsh(Kd)[-1])
+    limit = 20 / lam ** 2
+    assert limit < 1.0
+    M_ea, Z, _, _ = fl.ea_solve(Gs, As, p, Ms)
+    step, lam_est = fl.stable_gd_lr(fl.KronSystem(Gs, As, p), Z, 1.0)
+    assert abs(lam_est - lam) <= 1e-12 * lam and abs(step - 0.5 * limit) <= 1e-10 * limit
+    fixed = fl.gd_solve(Gs, As, p, Z, M_ea, 2000, 1.0)
+    assert not torch.isfinite(fixed).all() or (fixed - M_star).norm() > 1e6
+    stable = fl.gd_solve(Gs, As, p, Z, M_ea, 5000, step)
+    assert (stable - M_star).norm() < 1e-6 * (M_ea - M_star).norm()
+    assert fl.stable_gd_lr(fl.KronSystem(Gs, As, p), Z, 0.25 * limit)[0] == 0.25 * limit   # below the cap: as given
+
+
+def _stable_vs_fixed(setup, plist, **cfg):
+    out = {}
+    for step in ("fixed", "stable"):
+        algo = ALGORITHMS.get("fedlpa")({"gd_step": step, **cfg}, setup)
+        out[step] = algo.aggregate(_messages(algo, setup, plist), algo.init_state(plist[0]), 1)
+    return out["fixed"], out["stable"]
+
+
+def test_stable_equals_fixed_bit_for_bit_below_the_limit():
+    setup = _setup((12, 20, 9))
+    plist = [_client_params(setup, k, k) for k in range(3)]
+    fixed, stable = _stable_vs_fixed(setup, plist, gd_steps=300, gd_lr=1e-3)
+    assert all(torch.equal(fixed["params"][n], stable["params"][n]) for n in plist[0])
+    assert stable["extra_metrics"]["gd_clamped_layers"] == 0.0 and stable["extra_metrics"]["gd_min_step"] == 1e-3
+    assert [r["layer"] for r in stable["trace"]] == ["conv", "fc"]
+    assert all(r["gd_step"] == 1e-3 and r["clamped"] == 0 and r["lambda_max"] > 0 for r in stable["trace"])
+    assert "trace" not in fixed and "gd_clamped_layers" not in fixed["extra_metrics"]   # records unchanged
+
+
+def test_stable_aggregate_clamps_each_layer_and_approaches_cg():
+    """gd_lr far above every layer's limit: fixed GD is not finite, stable GD's step is 1/L per layer
+    (L from the layer's dense operator) and its solution nears CG's (slowly: GD on 𝒜² squares its condition)."""
+    setup = _setup((12, 20, 9))
+    plist = [_client_params(setup, k, k) for k in range(3)]
+    fixed, stable = _stable_vs_fixed(setup, plist, gd_steps=3000, gd_lr=1e4)
+    assert fixed["extra_metrics"]["solver_rel_residual"] == math.inf
+    algo = ALGORITHMS.get("fedlpa")({"solver": "cg", "cg_tol": 1e-13}, setup)
+    msgs = _messages(algo, setup, plist)
+    cg = algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+    p = torch.tensor([12, 20, 9], dtype=D) / 41
+    for s, row in zip(algo.specs, stable["trace"]):
+        As = torch.stack([fl.unpack_sym(m.payload["A"][s.module], s.d_in) for m in msgs])
+        Gs = torch.stack([fl.unpack_sym(m.payload["G"][s.module], s.d_out) for m in msgs])
+        lam = float(torch.linalg.eigvalsh(_dense(Gs, As, As[:, :1, :1].expand(-1, s.d_out, s.d_in), p)[0])[-1])
+        n = s.d_out * s.d_in
+        assert row["clamped"] == 1 and abs(row["gd_step"] - n / (2 * lam ** 2)) <= 1e-9 * row["gd_step"]
+        ea_err = (s.to_matrix(stable["extra_eval"]["ea"]) - s.to_matrix(cg["params"])).norm()
+        assert (s.to_matrix(stable["params"]) - s.to_matrix(cg["params"])).norm() < 0.25 * ea_err   # fc: 0.145
+    assert stable["extra_metrics"]["gd_clamped_layers"] == 2.0
+    assert stable["extra_metrics"]["solver_rel_residual"] < stable["extra_metrics"]["ea_rel_residual"]
+
+
+def test_gd_step_fixed_stays_out_of_the_run_id():
+    """Every record made before the switch existed keeps its run id; the stable step is a new run."""
+    from fedbench.config.compose import compose_config
+    from fedbench.results.records import compute_run_id
+    cfg = compose_config(["algorithm=fedlpa"])
+    bare = OmegaConf.to_container(cfg, resolve=True)
+    del bare["algorithm"]["gd_step"]
+    assert cfg.algorithm.gd_step == "fixed" and compute_run_id(cfg) == compute_run_id(bare)
+    assert compute_run_id(compose_config(["algorithm=fedlpa", "algorithm.gd_step=stable"])) != compute_run_id(cfg)
 
 
 def test_kron_system_equals_the_per_client_sum():
@@ -391,6 +478,8 @@ def test_yaml_keys_are_accepted(name):
     ({"damping": -0.1}, "algorithm.damping"),
     ({"gd_steps": 1.5}, "algorithm.gd_steps"),
     ({"lambda": 0.1}, "unknown algorithm key"),
+    ({"gd_step": "adaptive"}, "algorithm.gd_step"),
+    ({"gd_step": "stable", "solver": "cg"}, "solver: gd"),
 ])
 def test_bad_config_one_line(cfg, needle):
     with pytest.raises(FedbenchError) as e:
@@ -427,3 +516,18 @@ def test_worst_residual_reports_a_diverged_layer_as_inf():
     assert worst_residual([float("nan"), 1e-3]) == float("inf")
     assert worst_residual([1e-3, 0.2]) == 0.2
     assert worst_residual([]) == 0.0
+
+
+def test_run_py_stable_step_writes_its_per_layer_trace(tmp_path):
+    """gd_step=stable through run.py: one trace.csv row per LeNet layer with λ_max and the step used; a gd_lr far
+    above every limit is clamped on every layer and the record stays finite."""
+    import csv
+    run(SMALL + ["rounds=1", "algorithm=fedlpa", "algorithm.gd_steps=20", "algorithm.gd_lr=1e6",
+                 "algorithm.gd_step=stable"], tmp_path)
+    (rec_path,) = records(tmp_path)
+    rec = json.loads(rec_path.read_text())
+    rows = list(csv.DictReader((rec_path.parent / "trace.csv").open()))
+    assert [r["layer"] for r in rows] == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+    assert all(r["clamped"] == "1" and 0 < float(r["gd_step"]) < 1e6 and float(r["lambda_max"]) > 0 for r in rows)
+    assert rec["metrics"]["gd_clamped_layers"] == 5 and math.isfinite(rec["metrics"]["solver_rel_residual"])
+    assert rec["metrics"]["gd_min_step"] == min(float(r["gd_step"]) for r in rows)

@@ -15,6 +15,11 @@ Server (§1.2, §1.4), per layer, with p_k = n_k/N (code) or 1/K (paper's unweig
     the product-of-Gaussians mean solves 𝒜(M) = Z.
     solver ea: M = Ḡ⁻¹ Z Ā⁻¹ with Ā = Σ p_k A_k, Ḡ = Σ p_k G_k (App. E, the "biased" solution)
     solver gd: the released code: from EA, ``gd_steps`` steps of M -= lr ∇ mean((𝒜(M) − Z)²)
+      ``gd_step: fixed`` (released, default): lr = ``gd_lr``, which diverges on a layer where
+      gd_lr ≥ n/λ_max(𝒜)² (n = numel(M); results/gaps.md#fedlpa-table6, extreme splits);
+      ``gd_step: stable``: per layer lr = min(gd_lr, c/L), L = 2λ_max(𝒜)²/n the gradient's Lipschitz
+      constant, c = STABLE_STEP_FACTOR = 1 (half the limit 2/L), λ_max by Lanczos on 𝒜; each layer's
+      λ_max and step go to the run's trace.csv, the number of clamped layers to ``gd_clamped_layers``
     solver cg: (preconditioned) conjugate gradients on 𝒜(M) = Z with Kronecker products G M A only
 Parameters outside Linear/Conv2d would be averaged FedAvg-style (§1.4 step 2); FedLPA here needs a
 model whose trainable parameters all sit in Linear/Conv2d (checked in ``__init__``).
@@ -66,6 +71,9 @@ FACTOR_UPLOADS = ("upper_triangle", "full")
 FACTOR_DATA = ("clean", "augmented_as_released")
 SERVER_DTYPES = ("float64", "float32")
 CG_PRECONDITIONERS = ("ea", "none")
+GD_STEPS = ("fixed", "stable")
+STABLE_STEP_FACTOR = 1.0   # gd_step stable: lr ≤ c/L; GD is stable for c < 2, c = 1 is the classic 1/L step
+LANCZOS_STEPS = 30         # matvecs for λ_max(𝒜) (10,000 GD steps make 20,000)
 PI_RULES = ("one", "trace")
 
 # the curvature FedLPA's clients compute (§1.3 step 2); part of the cache key of the cached factors
@@ -181,6 +189,40 @@ def gd_solve(Gs: Tensor, As: Tensor, p: Tensor, Z: Tensor, M0: Tensor, steps: in
     return M
 
 
+def lambda_max(op, like: Tensor, steps: int = LANCZOS_STEPS) -> float:
+    """Largest eigenvalue of the SPD operator ``op`` on matrices shaped as ``like``: ``steps`` Lanczos steps with
+    full reorthogonalisation from a fixed seeded start (deterministic). A Ritz value: ≤ λ_max, from below."""
+    n = like.numel()
+    start = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    V = like.new_zeros(min(steps, n), n)
+    v = start.to(like) / torch.linalg.norm(start)
+    alphas, betas = [], []
+    for j in range(V.shape[0]):
+        V[j] = v
+        w = op(v.view(like.shape)).reshape(-1)
+        alphas.append(torch.dot(w, v))
+        for _ in range(2):                     # twice is enough (Kahan–Parlett)
+            w = w - V[: j + 1].T @ (V[: j + 1] @ w)
+        b = torch.linalg.norm(w)
+        if j + 1 == V.shape[0] or b <= torch.finfo(w.dtype).eps * abs(float(alphas[0])):
+            break                              # out of steps, or an invariant subspace: T is exact
+        betas.append(b)
+        v = w / b
+    T = torch.diag(torch.stack(alphas))
+    if betas:
+        off = torch.stack(betas)
+        T = T + torch.diag(off, 1) + torch.diag(off, -1)
+    return float(torch.linalg.eigvalsh(T.double())[-1])
+
+
+def stable_gd_lr(op, like: Tensor, gd_lr: float, factor: float = STABLE_STEP_FACTOR) -> Tuple[float, float]:
+    """(step, λ_max): min(gd_lr, factor / L) with L = 2 λ_max(𝒜)² / numel, the Lipschitz constant of the gradient
+    of mean((𝒜(M) − Z)²); GD on it is stable iff step < 2/L. gd_lr itself when it is already below the cap."""
+    lam = lambda_max(op, like)
+    cap = factor * like.numel() / (2.0 * lam ** 2) if lam > 0 else math.inf
+    return (gd_lr if gd_lr <= cap else cap), lam
+
+
 def cg_solve(Gs: Tensor, As: Tensor, p: Tensor, Z: Tensor, M0: Tensor, *, tol: float, max_iters: int,
              precond: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, int, float]:
     """Conjugate gradients on 𝒜(M) = Z in the Frobenius inner product (§1.4 [I] "robust option").
@@ -281,6 +323,7 @@ class FedLPARoundOneOptions:
     cg_tol: float = option(positive=True)
     cg_max_iters: int = option(minimum=1)
     cg_precondition: str = option(choices=CG_PRECONDITIONERS)
+    gd_step: str = option(choices=GD_STEPS)
     report: str = option(choices=REPORTS)
     factor_upload: str = option(choices=FACTOR_UPLOADS)
     factor_data: str = option(choices=FACTOR_DATA)
@@ -309,9 +352,13 @@ class FedLPA(Algorithm):
         self.lam, self.pi, self.weighting, self.solver = o.damping, o.pi, o.weighting, o.solver
         self.gd_steps, self.gd_lr, self.cg_tol, self.cg_max_iters = o.gd_steps, o.gd_lr, o.cg_tol, o.cg_max_iters
         self.cg_precondition, self.report, self.factor_upload = o.cg_precondition, o.report, o.factor_upload
+        self.gd_step = o.gd_step
         self.factor_data, self.server_dtype = o.factor_data, getattr(torch, o.server_dtype)
         self.curv_bs = o.curvature_batch_size
         self.eta = getattr(o, "posterior_eta", 0.0)   # fedlpa_then_fedavg: no posterior term, no such option
+        if self.gd_step == "stable" and self.solver != "gd":
+            raise FedbenchError(f"algorithm.gd_step=stable sets the GD solver's step; it needs solver: gd, "
+                                f"got solver: {self.solver}")
         if self.report == "best_of_ea_gd_on_test":
             if self.solver != "gd":
                 raise FedbenchError(f"algorithm.report=best_of_ea_gd_on_test picks between EA and GD; "
@@ -428,7 +475,7 @@ class FedLPA(Algorithm):
             if self.solver == "ea":
                 M = M_ea
             elif self.solver == "gd":
-                M = gd_solve(Gs, As, p, Z, M_ea, self.gd_steps, self.gd_lr)
+                M = gd_solve(Gs, As, p, Z, M_ea, self.gd_steps, self._gd_lr(Gs, As, p, Z, layer_info))
             else:
                 pre = (G_bar, A_bar) if self.cg_precondition == "ea" else None
                 M, iters, _ = cg_solve(Gs, As, p, Z, M_ea, tol=self.cg_tol, max_iters=self.cg_max_iters,
@@ -447,6 +494,23 @@ class FedLPA(Algorithm):
         sol = {n: sol[n] for n in ref}
         return {"ea": ea, "solution": sol, "factor_sums": sums, "client_factors": per_client, "info": info}
 
+    def _gd_lr(self, Gs: Tensor, As: Tensor, p: Tensor, Z: Tensor, layer_info: Dict[str, float]) -> float:
+        """GD's step on this layer: ``gd_lr`` (fixed), or clamped below the stability limit (stable; recorded)."""
+        if self.gd_step == "fixed":
+            return self.gd_lr
+        lr, lam = stable_gd_lr(KronSystem(Gs, As, p), Z, self.gd_lr)
+        layer_info.update(lambda_max=lam, gd_step=lr, gd_clamped=float(lr < self.gd_lr))
+        return lr
+
+    def _step_diagnostics(self, info: Dict[str, Dict[str, float]]) -> Tuple[Dict[str, float], List[dict]]:
+        """gd_step stable: (scalar metrics, one trace row per layer: λ_max, the step used, its residual)."""
+        if self.gd_step != "stable":
+            return {}, []
+        rows = [{"layer": m, "lambda_max": i["lambda_max"], "gd_lr": self.gd_lr, "gd_step": i["gd_step"],
+                 "clamped": int(i["gd_clamped"]), "rel_residual": i["rel_residual"]} for m, i in info.items()]
+        return {"gd_clamped_layers": float(sum(r["clamped"] for r in rows)),
+                "gd_min_step": min(r["gd_step"] for r in rows)}, rows
+
     def aggregate(self, messages, state, round_idx):
         out = self.solve(messages)
         ea, sol = out["ea"], out["solution"]
@@ -458,9 +522,12 @@ class FedLPA(Algorithm):
         # whether GD converged, stalled or diverged, and how far EA is from the exact solution
         residuals = {"solver_rel_residual": worst_residual(i["rel_residual"] for i in info),
                      "ea_rel_residual": worst_residual(i["ea_rel_residual"] for i in info)}
+        step_metrics, step_rows = self._step_diagnostics(out["info"])
         new = {**state, "params": sol, "extra_eval": {"ea": ea}, "solver_info": out["info"],
-               "extra_metrics": residuals,
+               "extra_metrics": {**residuals, **step_metrics},
                "factor_sums": out["factor_sums"], "factors": factors, "report_params": None}
+        if step_rows:
+            new["trace"] = step_rows
         if self.report == "best_of_ea_gd_on_test":
             # !!! TEST-SET SELECTION, for matching the released numbers only (§0, §1.4 step 7) !!!
             # The released code evaluates the GD and EA models on the TEST set and logs the better

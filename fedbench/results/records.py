@@ -24,6 +24,9 @@ OFF_WHEN_EMPTY = ("server_unlabeled",)
 OFF_WHEN_ZERO_FRACTION = ("tuning_val",)   # a tuning selection run's hold-out (fraction > 0)
 # Optional keys (section, key) that enter the identity only when not null, for the same reason.
 OFF_WHEN_NULL = (("eval", "map_reference"),)
+# Switches (section, key, value) added after records were made: at that value (the old behaviour) they stay out
+# of the identity, for the same reason.
+OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),)   # FedLPA's GD step (results/gaps.md#fedlpa-table6)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
@@ -41,6 +44,9 @@ def identity_config(cfg: Any) -> Dict[str, Any]:
             del out[k]
     for section, k in OFF_WHEN_NULL:
         if isinstance(out.get(section), Mapping) and k in out[section] and out[section][k] is None:
+            out[section] = {kk: v for kk, v in out[section].items() if kk != k}
+    for section, k, off in OFF_AT_VALUE:
+        if isinstance(out.get(section), Mapping) and k in out[section] and out[section][k] == off:
             out[section] = {kk: v for kk, v in out[section].items() if kk != k}
     return out
 
