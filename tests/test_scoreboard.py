@@ -2,8 +2,10 @@
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from fedbench import numerics
+from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.report.scoreboard import _claim_status, render
@@ -82,6 +84,34 @@ def test_claims_hold_only_when_every_row_agrees():
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}}, colls)[0] == \
         "reproduced"
     assert _claim_status({"collection": "missing", "winner": "w", "loser": "l"}, colls)[0] == "not run"
+
+
+def _along(means, stds, n=10):
+    return pd.DataFrame([{"dataset": "d", "width": w, "method": "m", "n": n, "mean": m, "std": sd}
+                         for w, m, sd in zip((16, 64, 256, 1024), means, stds)])
+
+
+def test_monotone_claims_forgive_only_steps_within_noise():
+    claim = {"collection": "t", "method": "m", "along": "width", "direction": "decreasing"}
+    meta = {"rows": ["dataset", "width"]}
+
+    def status(means, stds, **kw):
+        return _claim_status({**claim, **kw}, {"t": {"summary": _along(means, stds), "meta": meta}})
+
+    assert status([4.0, 3.0, 2.0, 1.0], [0.1] * 4) == \
+        ("reproduced", "1/1 rows; 4 values of width, n = 10–10, 3 of 3 steps decreasing")
+    # a rise of 0.05 with 2 combined SE = 2 * sqrt(2 * 0.1² / 10) ≈ 0.089 is noise; a rise of 0.5 is not
+    assert status([4.0, 3.0, 3.05, 1.0], [0.1] * 4)[0] == "reproduced"
+    assert status([4.0, 3.0, 3.5, 1.0], [0.1] * 4) == \
+        ("not reproduced", "0/1 rows; 4 values of width, n = 10–10, 2 of 3 steps decreasing (fails: d)")
+    # the means must end lower than they start, whatever the noise
+    assert status([1.0, 1.01, 1.0, 1.02], [5.0] * 4)[0] == "not reproduced"
+    assert status([1.0, 2.0, 3.0, 4.0], [0.1] * 4, direction="increasing")[0] == "reproduced"
+    # widths are ordered as numbers, not as text ("1024" < "16")
+    shuffled = _along([4.0, 3.0, 2.0, 1.0], [0.1] * 4).iloc[[3, 0, 2, 1]]
+    assert _claim_status(claim, {"t": {"summary": shuffled, "meta": meta}})[0] == "reproduced"
+    with pytest.raises(FedbenchError, match="direction must be one of"):
+        status([4.0, 3.0, 2.0, 1.0], [0.1] * 4, direction="down")
 
 
 def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):

@@ -34,6 +34,11 @@ def load_campaign(results: Path) -> Dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
 
 
+def has_reference(paper: str, table: str) -> bool:
+    """Whether the paper prints numbers for this table (figures print none: they are checked through claims)."""
+    return (paper, table) in set(available_tables())
+
+
 def paper_cells(paper: str, table: str) -> tuple:
     """(cells with a number in the paper, of which on data available here)."""
     ref = load_reference(paper, table)
@@ -61,14 +66,17 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
 
 
 def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tuple:
-    """(status, detail) of a headline claim ``{collection, winner, loser}``: our means must order every row of the
-    collection where both methods ran as the claim says."""
+    """(status, detail) of a headline claim: ``{collection, winner, loser}`` (our means must order every row of the
+    collection where both methods ran as the claim says) or ``{collection, method, along, direction}`` (the
+    method's means must fall, or rise, strictly along the row key ``along``)."""
     c = colls.get(claim.get("collection"))
     if c is None:
         return "not run", "collection not committed"
     s = c["summary"]
     if s.empty:
         return "not run", "no records"
+    if "along" in claim:
+        return _monotone_status(claim, c)
     keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
     rows, held, failed = 0, 0, []
     where = claim.get("where") or {}
@@ -93,6 +101,48 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     return "not reproduced", f"{held}/{rows} rows (fails: {', '.join(failed)})"
 
 
+DIRECTIONS = ("decreasing", "increasing")
+
+
+def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
+    """A ``{method, along, direction}`` claim: in every group of the other row keys, over the values of ``along``
+    that ran (numeric order), the method's mean must move in ``direction`` from the first to the last value (means,
+    as the winner claims use), and no step between neighbours may go the other way by more than 2 combined
+    standard errors (sqrt(s_a²/n_a + s_b²/n_b)): a step within noise does not break the shape."""
+    direction, along = claim.get("direction", "decreasing"), claim["along"]
+    if direction not in DIRECTIONS:
+        raise FedbenchError(f"claim {claim.get('text')!r}: direction must be one of {', '.join(DIRECTIONS)}, "
+                            f"got {direction!r}")
+    sign = -1.0 if direction == "decreasing" else 1.0
+    s = c["summary"]
+    s = s[(s["method"] == claim["method"]) & (s["n"] > 0)]
+    if along not in s or s.empty:
+        return "not run", f"no {claim['method']} cells along {along}"
+    keys = [k for k in (c["meta"].get("rows") or []) if k in s and k != along]
+    groups = s.groupby(keys, sort=False, dropna=False) if keys else [((), s)]
+    held, failed, points = 0, [], []
+    for rv, g in groups:
+        g = g.assign(_x=pd.to_numeric(g[along])).sort_values("_x")
+        pts = [(float(m), float(sd) if sd == sd else 0.0, int(n)) for m, sd, n in zip(g["mean"], g["std"], g["n"])]
+
+        def noise(a, b):
+            return 2.0 * (a[1] ** 2 / a[2] + b[1] ** 2 / b[2]) ** 0.5
+
+        moves = [sign * (b[0] - a[0]) for a, b in zip(pts, pts[1:])]
+        against = [i for i, (a, b) in enumerate(zip(pts, pts[1:])) if -sign * (b[0] - a[0]) > noise(a, b)]
+        overall = len(pts) > 1 and sign * (pts[-1][0] - pts[0][0]) > 0
+        points.append(f"{len(pts)} values of {along}, n = {min(p[2] for p in pts)}–{max(p[2] for p in pts)}, "
+                      f"{sum(m > 0 for m in moves)} of {len(moves)} steps {direction}")
+        if overall and not against:
+            held += 1
+        else:
+            failed.append("/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))) or "all")
+    detail = f"{held}/{held + len(failed)} rows; " + "; ".join(points)
+    if failed:
+        return "not reproduced", f"{detail} (fails: {', '.join(failed)})"
+    return "reproduced", detail
+
+
 def _gap_anchors(results: Path) -> set:
     path = Path(results) / GAPS
     if not path.is_file():
@@ -106,9 +156,11 @@ def render(results: Path, output_root: Path) -> str:
     colls = collection_summaries(results, output_root)
     anchors = _gap_anchors(results)
     by_table: Dict[tuple, List[str]] = {}
+    figures: Dict[tuple, List[str]] = {}   # committed figures without printed numbers: checked through claims
     for name, c in colls.items():
         if c["entry"].get("suffix") is None and c["entry"].get("profile", "paper") == "paper":
-            by_table.setdefault((c["meta"]["paper"], c["meta"]["id"]), []).append(name)
+            key = (c["meta"]["paper"], c["meta"]["id"])
+            (by_table if has_reference(*key) else figures).setdefault(key, []).append(name)
 
     lines = ["# Reproduction scoreboard", "",
              "Generated by `make tables` (`python scripts/reproduce.py --collect-only --all`) from the committed run "
@@ -154,6 +206,11 @@ def render(results: Path, output_root: Path) -> str:
             tot[k] += v
     lines.append(f"| **all** | {tot['paper']} | {tot['here']} | {tot['run']} | {tot['full']} | {tot['within']} | "
                  f"{tot['outside']} | |")
+    if figures:
+        lines += ["", "Figures without printed numbers (their shape is checked in the claims below): " + "; ".join(
+            f"{paper} {table} ({', '.join(f'[{n}](tables/{n}.md)' for n in names)}: "
+            f"{sum(int((colls[n]['summary']['n'] > 0).sum()) for n in names)} points run)"
+            for (paper, table), names in sorted(figures.items())) + "."]
     # ---- claims -----------------------------------------------------------------------------------------------
     lines += ["", "## 3. Headline claims", "", "| paper | claim | checked on | status |", "|---|---|---|---|"]
     counts: Dict[str, int] = {}
