@@ -15,6 +15,7 @@ def _setup(momentum=0.0, sizes=(30, 45, 25), backend="serial"):
     n = sum(sizes)
     x = torch.randn(n, 6, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    torch.manual_seed(0)  # the same initial weights whatever ran before (tests compare two setups)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
     train = TrainData(x, y)
     idx, s = [], 0
@@ -93,3 +94,12 @@ def test_feddyn_server_rule_and_vanishing_alpha():
     _close(st["params"], want, rtol=1e-5, atol=1e-6)
     for k in range(3):
         assert set(st["h"][k]) == set(init)
+
+
+def test_feddyn_with_an_empty_client_matches_the_run_without_it_up_to_the_average():
+    # size_class_dirichlet at 10 % of FMNIST left a client empty (seed 1): FedDyn divided by its size.
+    st, _, init = _run(_setup(sizes=(30, 0, 45, 25)), {"name": "feddyn", "alpha": 0.01})
+    ref, _, _ = _run(_setup(sizes=(30, 45, 25)), {"name": "feddyn", "alpha": 0.01})
+    for n in init:  # the empty client sends theta_g back: h stays 0 and it enters the mean as theta_g
+        assert torch.equal(st["h"][1][n], torch.zeros_like(init[n]))
+        assert torch.isfinite(st["params"][n]).all()

@@ -51,8 +51,10 @@ class FedDyn(Algorithm):
         sizes = [len(ix) for ix in self.setup.client_indices]
         total, k = float(sum(sizes)), len(sizes)
         dev = self.setup.device
-        ctx = [{"alpha_k": torch.tensor(self.alpha / (sizes[c] * k / total), device=dev), "h": state["h"][c]}
-               for c in client_ids]
+        # A client without data (a Dirichlet split can leave one empty) takes no local step, so its
+        # alpha_k (alpha / 0) is never used; 0 keeps it finite. It returns theta_g and its h stays 0.
+        ctx = [{"alpha_k": torch.tensor(self.alpha / (sizes[c] * k / total) if sizes[c] else 0.0, device=dev),
+                "h": state["h"][c]} for c in client_ids]
         shared = {"theta_g": state["params"], "wd": torch.tensor(self.wd, device=dev)}
         return LocalObjective(terms=[feddyn_term], shared_ctx=shared, client_ctx=ctx)
 
