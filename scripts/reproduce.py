@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--all", action="store_true",
                     help="with --collect-only: regenerate every committed table listed in results/collections.yaml "
                          "(and its figure) from the records, then the scoreboard (results/REPRODUCTION.md)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)   # options may follow overrides
     if args.all:
         return regenerate_all()
     from pathlib import Path

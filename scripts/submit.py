@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=None, metavar="N",
                     help="--cluster local: tasks at once, each running its share of the runs one after another "
                          "(default: hardware.jobs, auto = cores // hardware.num_threads; 1 on CUDA)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)   # options may follow overrides
     try:
         validate_cluster(args.cluster)
         from fedbench.config.tuning import tuning_on

@@ -95,6 +95,10 @@ def test_reproduce_rejects_a_bad_table_name_before_training(tmp_path, monkeypatc
     assert main(["--name", "a/b", "experiment=fedlpa/table6", "profile=quick", "dataset=fmnist"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedbench: error: --name")
+    # options may also follow the overrides (the same one-line error, not argparse's usage message)
+    assert main(["experiment=fedlpa/table6", "--name", "a/b", "profile=quick", "dataset=fmnist"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedbench: error: --name")
     # a setting that is a row key (FedBEns Fig. 4's T) separates rows already: labels stay plain
     from fedbench.report.tables import split_conflated_methods
     rows = [{"method": "fedbens", "T": t, "seed": 0, "_algo": {"name": "fedbens", "temperature": t}} for t in (0.1, 1)]
