@@ -137,6 +137,24 @@ def test_tuned_table_uses_the_final_runs_and_names_the_chosen_values(tmp_path, o
     assert fixed.name == "t_tune.md" and "not run" in fixed.read_text() and "Tuned" not in fixed.read_text()
 
 
+def test_a_tuned_table_regenerates_from_the_committed_stores_alone(tmp_path, monkeypatch, one_thread):
+    import shutil
+    from fedbench.report.tables import collect
+
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path / "store" / "records"))
+    monkeypatch.setenv("FEDBENCH_TUNING", str(tmp_path / "store" / "tuning"))
+    sel, final = _tune(tmp_path, "out")
+    ovs = TINY + [f"paths.output_root={tmp_path / 'out'}", "tuning=on"]
+    first = collect(ovs, tmp_path / "out", tmp_path / "tables").read_text()
+    (published,) = (tmp_path / "store" / "tuning").iterdir()             # the selection, with its run ids
+    assert json.loads(published.read_text())["chosen"] == {"local.lr": 0.05}
+    for trial in sel["val_metric"] + [{"run_id": sel["final_run_id"]}]:  # selection runs and the final run
+        assert (tmp_path / "store" / "records" / trial["run_id"] / "metrics.json").is_file()
+    shutil.rmtree(tmp_path / "out")                                        # a fresh clone: no outputs/
+    again = collect(ovs, tmp_path / "out", tmp_path / "tables2").read_text()
+    assert again == first and "— fedavg: local.lr=0.05" in again and f"{final['metrics']['accuracy']:.2f}" in again
+
+
 @pytest.mark.parametrize("overrides, needle", [
     (["tuning=maybe"], "tuning='maybe' is not allowed: tuning must be one of off, on"),
     (["experiment=fedlap/table2", "tuning=on"], "tuning=on needs a preset with a table.tuning block; fedlap/table2"),

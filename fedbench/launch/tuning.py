@@ -6,7 +6,8 @@ For every run of the preset's sweep (a cell: data set, split, seed, ...) and eve
 2. the best point by the protocol's metric at its round;
 3. the final run with the chosen values on the full training data, evaluated on the test set: an ordinary run
    (its run_id is that of a fixed-pick run with the same values), whose record gets a ``tuning`` section.
-The choice is also kept in ``<output_root>/tuning/<selection key>.json`` for the table (``tuned_config``).
+The choice is also kept in ``<output_root>/tuning/<selection key>.json`` for the table (``tuned_config``); a table's
+collect publishes it to the committed ``results/tuning/`` (``records.tuning_store``) with its selection runs' records.
 Runs with an ok record are skipped, so an interrupted tuning resumes where it stopped.
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grid
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import expand_sweep
-from fedbench.results.records import (compute_run_id, find_record_dir, read_record, write_json_atomic)
+from fedbench.results.records import (compute_run_id, find_record_dir, read_record, tuning_store,
+                                      write_json_atomic)
 from fedbench.runner import execute
 
 
@@ -172,7 +174,9 @@ def tuned_config(sub: DictConfig, cfg: DictConfig, output_root: Path) -> Tuple[O
         return sub, None
     fixed = sub.copy()
     fixed.tuning = "off"
-    sel = read_record(selection_path(output_root, fixed, spec, grid))
-    if not sel:
-        return None, None
-    return OmegaConf.create(sel["final_config"]), sel
+    path = selection_path(output_root, fixed, spec, grid)
+    for where in (path, tuning_store() / path.name):   # local first, then the committed selections
+        sel = read_record(where)
+        if sel:
+            return OmegaConf.create(sel["final_config"]), {**sel, "_path": str(where)}
+    return None, None

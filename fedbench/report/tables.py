@@ -30,7 +30,8 @@ from fedbench.numerics import is_current
 from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
-from fedbench.results.records import atomic_write_bytes, compute_run_id, load_record, publish_record, read_history
+from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_record_dir, load_record, publish_record,
+                                      read_history, read_record as read_json, tuning_store)
 from fedbench.results.summaries import last_k, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
@@ -191,7 +192,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             specs = column_specs(meta)   # a bad declaration fails before any record is read
         subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
         for sub in subs:
-            sub, chosen = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
+            sub, chosen, sel_path = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
             c = OmegaConf.to_container(sub, resolve=True)
             rid = compute_run_id(sub)
             rec = load_record(output_root, rid) if chosen != "not tuned yet" else {}
@@ -205,7 +206,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                         "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
                         "status": status,
                         "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir"),
-                        "tuning_chosen": chosen})
+                        "tuning_chosen": chosen, "tuning_selection": sel_path})
             # raw costs (seconds, bytes per run) beside every row: the seed-level CSV, `collect --metric timing.server_s`
             for section in ("timing", "communication"):
                 row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
@@ -242,15 +243,17 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
 
 
 def tuned_run(sub, cfg, output_root: Path):
-    """(run config, its chosen values as text) for a table: ``sub`` and None unless ``tuning=on``; then the final run
-    of the selection (fedbench/launch/tuning.py) and e.g. "local.epochs=10, hp.delta=1.0" ("fixed picks" for a method
-    without a grid, "not tuned yet" before its selection)."""
+    """(run config, its chosen values as text, the selection file) for a table: ``sub``, None, None unless
+    ``tuning=on``; then the final run of the selection (fedbench/launch/tuning.py) and e.g. "local.epochs=10,
+    hp.delta=1.0" ("fixed picks" for a method without a grid, "not tuned yet" before its selection)."""
     if cfg.get("tuning") != "on" or sub.algorithm.get("_missing"):
-        return sub, None
+        return sub, None, None
     final, sel = tuned_config(sub, cfg, output_root)
     if final is None:
-        return sub, "not tuned yet"
-    return final, ", ".join(f"{k}={v}" for k, v in sel["chosen"].items()) if sel else "fixed picks"
+        return sub, "not tuned yet", None
+    if not sel:
+        return final, "fixed picks", None
+    return final, ", ".join(f"{k}={v}" for k, v in sel["chosen"].items()), sel["_path"]
 
 
 def tuning_footnote(df: pd.DataFrame) -> List[str]:
@@ -606,14 +609,32 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     tables_dir.mkdir(parents=True, exist_ok=True)
     if publish:
         publish_records(df)
+        publish_selections(df, output_root)
         register_collection(tables_dir.parent / COLLECTIONS, name, overrides, metric, suffix, profile)
-    df.drop(columns=["record_dir"]).to_csv(tables_dir / f"{name}_runs.csv", index=False)
+    df.drop(columns=["record_dir", "tuning_selection"]).to_csv(tables_dir / f"{name}_runs.csv", index=False)
     summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric,
                                SUMMARY_VARIANTS.get(meta.get("summary")))
     out = tables_dir / f"{name}.md"
     foot = tuning_footnote(df)
     out.write_text(to_markdown(summary, meta, profile, metric=metric) + ("\n".join(foot) + "\n" if foot else ""))
     return out
+
+
+def publish_selections(df: pd.DataFrame, output_root: Path) -> int:
+    """Copy the tuning selections behind a ``tuning=on`` table, and their selection runs' records, into the committed
+    stores (results/tuning, results/records): the table and its choices then regenerate from a fresh clone."""
+    n = 0
+    for path in df["tuning_selection"].dropna().unique():
+        sel = read_json(Path(path))
+        target = tuning_store() / Path(path).name
+        if Path(path).resolve() != target.resolve() and not target.is_file():
+            atomic_write_bytes(target, Path(path).read_bytes())
+            n += 1
+        for trial in sel.get("val_metric") or []:
+            d = find_record_dir(output_root, trial["run_id"])
+            if d is not None:
+                publish_record(d)
+    return n
 
 
 def publish_records(df: pd.DataFrame) -> int:

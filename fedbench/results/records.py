@@ -164,6 +164,13 @@ def records_dir() -> Path:
     return Path(os.environ.get("FEDBENCH_RECORDS", "results/records"))
 
 
+def tuning_store() -> Path:
+    """The committed tuning selections: ``$FEDBENCH_TUNING``, default ``results/tuning`` (relative to the cwd). A
+    ``tuning=on`` table publishes each selection here (choice, validation scores, selection run ids; the selection
+    runs' records go to the record store), so a fresh clone regenerates the tuned table."""
+    return Path(os.environ.get("FEDBENCH_TUNING", "results/tuning"))
+
+
 def record_dirs(output_root: Path, run_id: str) -> List[Path]:
     """Where ``run_id``'s record may be, local run first, then the committed store."""
     return [Path(output_root) / "runs" / run_id, records_dir() / run_id]
