@@ -137,6 +137,25 @@ def test_tuned_table_uses_the_final_runs_and_names_the_chosen_values(tmp_path, o
     assert fixed.name == "t_tune.md" and "not run" in fixed.read_text() and "Tuned" not in fixed.read_text()
 
 
+def test_an_aggregator_entrys_own_option_is_tuned_through_algorithm_keys(tmp_path):
+    from fedbench.launch.tuning import final_config, selection_config, tuning_tasks
+
+    def preset(grid):
+        return [o for o in TINY if not o.startswith("table=")] + [
+            TABLE.replace("{fedavg:{local.lr:[1.0e-7,0.05]}}", "{fedprox:{%s}}" % grid),
+            "aggregators=[fedavg,{name:fedprox,mu:0.5}]", f"paths.output_root={tmp_path}", "tuning=on"]
+    spec, tasks = tuning_tasks(preset("algorithm.mu:[0.0,1.0]"))
+    (prox,) = [t for t in tasks if t.grid]
+    sel = [selection_config(prox, spec, p) for p in grid_points(prox.grid)]
+    assert [c.algorithm.mu for c in sel] == [0.0, 1.0] and all(c.tuning_val.fraction == 0.25 for c in sel)
+    assert final_config(prox, {"algorithm.mu": 1.0}).algorithm.mu == 1.0 and prox.fixed.algorithm.mu == 0.5
+    # a grid that cannot reach the method's runs (here a key outside the run identity) is refused before training
+    with pytest.raises(FedbenchError, match="does not change its runs"):
+        tuning_tasks(preset("progress:[true,false]"))
+    with pytest.raises(FedbenchError, match="fedprox has no option 'nu'"):
+        tuning_tasks(preset("algorithm.nu:[0.0,1.0]"))
+
+
 def test_a_tuned_table_regenerates_from_the_committed_stores_alone(tmp_path, monkeypatch, one_thread):
     import shutil
     from fedbench.report.tables import collect

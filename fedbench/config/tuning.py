@@ -14,7 +14,8 @@
               fedavg: {local.epochs: [5, 10, 20]}
               fedlap: {local.epochs: [5, 10, 20], hp.delta: [10.0, 1.0, 0.1]}
 
-A method without a grid in the matching block keeps the preset's fixed picks. Ties are broken by the other
+A grid key ``algorithm.<option>`` sets the method's own option after its aggregator entry is expanded (an entry's
+literal value wins over any other override). A method without a grid in the matching block keeps the preset's fixed picks. Ties are broken by the other
 metric (NLL for accuracy, accuracy for NLL), then by grid order (the first point wins).
 """
 from __future__ import annotations

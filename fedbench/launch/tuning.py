@@ -69,22 +69,44 @@ def tuning_tasks(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> Tuple[T
         for i, sub in enumerate(method_runs(ovs, conf_dir)):
             grid = grids.get(str(sub.algorithm.name), {})
             tasks.append(Task(list(ovs), i, str(sub.algorithm.name), sub, grid))
-            for point in grid_points(grid)[:1] if grid else []:   # a bad grid key fails here, not mid-way
-                selection_config(tasks[-1], spec, point, conf_dir)
+            points = grid_points(grid)[:2] if grid else []   # a bad grid key fails here, not mid-way
+            ids = {compute_run_id(selection_config(tasks[-1], spec, p, conf_dir)) for p in points}
+            if len(points) == 2 and len(ids) == 1:
+                raise FedbenchError(f"tuning: the grid of {sub.algorithm.name} ({', '.join(grid)}) does not change its "
+                                    "runs (an aggregator entry's own value wins over an override of the cell: tune "
+                                    "algorithm.<option> instead)")
     if spec is None:
         raise FedbenchError("tuning=on: the overrides select no run of the preset")
     return spec, tasks
 
 
+def split_point(point: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(overrides of the cell, ``algorithm.<key>`` values). The latter set the method's own option after its aggregator
+    entry is expanded: an entry's literal value (FedLPA Table 6's ``{name: fedprox, mu: 0.01}``) would win over any
+    override of the cell."""
+    algo = {k: v for k, v in point.items() if k.startswith("algorithm.")}
+    return {k: v for k, v in point.items() if k not in algo}, algo
+
+
+def with_algorithm(sub: DictConfig, algo: Dict[str, Any], method: str) -> DictConfig:
+    for key, value in algo.items():
+        if OmegaConf.select(sub, key, default="__absent__") == "__absent__":
+            raise FedbenchError(f"tuning: {method} has no option {key[len('algorithm.'):]!r} to tune ({key})")
+        OmegaConf.update(sub, key, value, merge=False)
+    return sub
+
+
 def selection_config(task: Task, spec: TuningSpec, point: Dict[str, Any], conf_dir: Path = CONF_DIR) -> DictConfig:
     """The selection run of one grid point: the point, the protocol's ``select`` overrides and the hold-out."""
-    ovs = with_overrides(task.overrides, {**point, **spec.select, "tuning_val.fraction": spec.val_fraction,
+    cell, algo = split_point(point)
+    ovs = with_overrides(task.overrides, {**cell, **spec.select, "tuning_val.fraction": spec.val_fraction,
                                           "tuning_val.seed": spec.val_seed})
-    return method_runs(ovs, conf_dir)[task.index]
+    return with_algorithm(method_runs(ovs, conf_dir)[task.index], algo, task.method)
 
 
 def final_config(task: Task, chosen: Dict[str, Any], conf_dir: Path = CONF_DIR) -> DictConfig:
-    return method_runs(with_overrides(task.overrides, chosen), conf_dir)[task.index]
+    cell, algo = split_point(chosen)
+    return with_algorithm(method_runs(with_overrides(task.overrides, cell), conf_dir)[task.index], algo, task.method)
 
 
 def scores_at(run_dir: Path, at_round: Optional[int]) -> Dict[str, Optional[float]]:
