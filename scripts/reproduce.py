@@ -85,9 +85,11 @@ def main(argv=None) -> int:
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
         path = collect(args.overrides, out_root, Path("results") / "tables", args.metric, suffix=args.name)
         print(f"table written: {path}")
+        from fedbench.config.tuning import tuning_on
         from fedbench.report.figures import plot_table
+        suffix = args.name or ("tuned" if tuning_on(args.overrides) else None)   # as the table's name
         try:
-            print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures')}")
+            print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures', suffix=suffix)}")
         except FedbenchError as e:
             print(f"no figure: {e}")
         from fedbench.report.figures import plot_preset_figures
@@ -119,11 +121,10 @@ def regenerate_all() -> int:
             path = collect(ovs, out_root, Path("results") / "tables", e.get("metric"), suffix=e.get("suffix"),
                            publish=False)
             print(f"table written: {path}")
-            if not e.get("suffix"):
-                try:
-                    print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures')}")
-                except FedbenchError:
-                    pass
+            try:
+                print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures', suffix=e.get('suffix'))}")
+            except FedbenchError:
+                pass
         from fedbench.report.scoreboard import write_scoreboard
         print(f"scoreboard written: {write_scoreboard(Path('results'), out_root)}")
     except FedbenchError as e:

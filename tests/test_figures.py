@@ -42,6 +42,9 @@ def test_plot_table_writes_png(tmp_path):
     path = plot_table(PRESET + ["seed=0,1"], out, tmp_path / "figs")
     assert path.name == "fedlap_table1_accuracy.png" and path.stat().st_size > 10_000
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a --name (or tuned) collection of the same preset gets its own figure, never the preset's
+    named = plot_table(PRESET + ["seed=0"], out, tmp_path / "figs", suffix="rawpixels")
+    assert named.name == "fedlap_table1_rawpixels_accuracy.png" and path.read_bytes() != named.read_bytes()
 
 
 def test_plot_without_runs_is_one_clear_error(tmp_path):

@@ -244,9 +244,13 @@ def _save_panels(fig, axes, used: int, cols: int, title: str, path: Path) -> Non
     plt.close(fig)
 
 
-def _name_and_title(meta: Dict[str, Any], overrides: Sequence[str], metric: str) -> Tuple[str, str]:
+def _name_and_title(meta: Dict[str, Any], overrides: Sequence[str], metric: str,
+                    suffix: Optional[str] = None) -> Tuple[str, str]:
+    """The figure's file stem ``<paper>_<id>[_<profile>][_<suffix>]_<metric>`` (the suffix of its table: a
+    ``--name`` or tuned collection never overwrites the preset's own figure) and its title."""
     profile = next((o.split("=", 1)[1] for o in overrides if o.startswith("profile=")), "paper")
-    name = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}") + f"_{metric}"
+    name = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}") + \
+        (f"_{suffix}" if suffix else "") + f"_{metric}"
     quick = " — reduced settings, NOT the paper's protocol" if profile == "quick" else ""
     return name, f"{meta['paper']} {meta['id']}: {meta.get('title', '')} [profile: {profile}{quick}]"
 
@@ -258,7 +262,7 @@ def _no_runs(runs: pd.DataFrame) -> FedbenchError:
 
 
 def plot_sweep_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None,
-                     runs: Optional[pd.DataFrame] = None) -> Tuple[Path, pd.DataFrame]:
+                     runs: Optional[pd.DataFrame] = None, suffix: Optional[str] = None) -> Tuple[Path, pd.DataFrame]:
     """A preset's sweep figure (``table.figure.kind: sweep``) and the data drawn."""
 
     runs = table_runs(overrides, output_root) if runs is None else runs
@@ -266,14 +270,15 @@ def plot_sweep_table(overrides: Sequence[str], output_root: Path, figures_dir: P
     if points.empty:
         raise _no_runs(runs)
     meta = points.attrs["table"]
-    name, title = _name_and_title(meta, overrides, points.attrs["metric"])
+    name, title = _name_and_title(meta, overrides, points.attrs["metric"], suffix)
     ref = sweep_reference(points.attrs["figure"])
     if ref is not None:
         title += " (x = paper)"
     return plot_sweep(points, figures_dir / f"{name}.png", title=title, reference=ref)
 
 
-def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None) -> Path:
+def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None,
+               suffix: Optional[str] = None) -> Path:
     """The preset's figure: ``results/figures/<paper>_<id>[_<profile>]_<metric>.png`` — accuracy over rounds, or
     a metric against a swept setting (``table.figure``)."""
 
@@ -283,14 +288,14 @@ def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, m
         raise FedbenchError("plot needs an experiment preset (experiment=<paper>/<table>)")
     spec = figure_spec(meta)
     if spec["kind"] == "sweep":
-        return plot_sweep_table(overrides, output_root, figures_dir, metric, runs=runs)[0]
+        return plot_sweep_table(overrides, output_root, figures_dir, metric, runs=runs, suffix=suffix)[0]
     metric = metric or spec["metric"] or "accuracy"
     curves = round_curves(overrides, output_root, metric, runs=runs)
     if curves.empty:
         raise _no_runs(runs)
     if curves["round"].max() <= 1:
         raise FedbenchError("a one-shot table (every run has one round): nothing to draw over rounds")
-    name, title = _name_and_title(meta, overrides, metric)
+    name, title = _name_and_title(meta, overrides, metric, suffix)
     try:
         ref = load_reference(meta["paper"], meta["id"])
         ref = ref[(ref["metric"] == metric)] if "metric" in ref else ref
