@@ -85,9 +85,9 @@ def main(argv=None) -> int:
         out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
         path = collect(args.overrides, out_root, Path("results") / "tables", args.metric, suffix=args.name)
         print(f"table written: {path}")
-        from fedbench.config.tuning import tuning_on
         from fedbench.report.figures import plot_table
-        suffix = args.name or ("tuned" if tuning_on(args.overrides) else None)   # as the table's name
+        from fedbench.report.tables import table_suffix
+        suffix = table_suffix(args.overrides, args.name)   # the figure is named as its table
         try:
             print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures', suffix=suffix)}")
         except FedbenchError as e:

@@ -31,7 +31,7 @@ from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_record_dir, load_record, publish_record,
-                                      read_history, read_record as read_json, tuning_store)
+                                      read_history, read_record, tuning_store)
 from fedbench.results.summaries import last_k, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
@@ -587,6 +587,12 @@ def check_table_suffix(suffix: Optional[str]) -> None:
         raise FedbenchError(f"--name must be letters, digits, '.', '_' or '-', got {suffix!r}")
 
 
+def table_suffix(overrides: Sequence[str], name: Optional[str] = None) -> Optional[str]:
+    """The suffix of a collection's table and figure: ``--name``, else "tuned" for ``tuning=on`` (a tuned collection
+    never overwrites the fixed-pick table), else none."""
+    return name or ("tuned" if tuning_on(overrides) else None)
+
+
 def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None,
             suffix: Optional[str] = None, publish: bool = True) -> Path:
     """Write ``<tables_dir>/<paper>_<table>[_<profile>][_<suffix>].md`` (+ ``_runs.csv``) from the run records.
@@ -595,7 +601,7 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     (results/records) and the collection is listed in ``<tables_dir>/../collections.yaml``, so that ``make tables``
     regenerates every committed table from a fresh clone."""
     check_table_suffix(suffix)
-    suffix = suffix or ("tuned" if tuning_on(overrides) else None)   # never overwrites the fixed-pick table
+    suffix = table_suffix(overrides, suffix)
     df = table_runs(overrides, output_root)
     if df.empty and any(o.startswith("experiment=") for o in overrides):
         raise FedbenchError(_EMPTY)
@@ -625,7 +631,7 @@ def publish_selections(df: pd.DataFrame, output_root: Path) -> int:
     stores (results/tuning, results/records): the table and its choices then regenerate from a fresh clone."""
     n = 0
     for path in df["tuning_selection"].dropna().unique():
-        sel = read_json(Path(path))
+        sel = read_record(Path(path))
         target = tuning_store() / Path(path).name
         if Path(path).resolve() != target.resolve() and not target.is_file():
             atomic_write_bytes(target, Path(path).read_bytes())
