@@ -16,6 +16,7 @@ names algorithm keys that tell variants of one method apart in a figure or table
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -174,6 +175,24 @@ def variant_label(label: str, algo: Dict[str, Any], label_keys: Optional[Dict[st
     return f"{label}({','.join(f'{k}={norm_key(algo.get(k))}' for k in keys)})"
 
 
+@functools.lru_cache(maxsize=128)
+def sweep_configs(overrides: tuple, conf_dir: Path) -> tuple:
+    """((cell config, its per-aggregator run configs), ...) for a table's sweep, composed once per process.
+
+    Composition depends only on the overrides and the config files, and it is most of a table's cost (Hydra re-reads
+    every YAML per run), so `make tables` and the scoreboard, which read the same sweeps again, share it. The configs
+    are read-only: a caller that needs to change one copies it first.
+    """
+    out = []
+    for ovs in expand_sweep(list(overrides), conf_dir):
+        cfg = compose_run(ovs, conf_dir)
+        subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
+        for c in (cfg, *subs):
+            OmegaConf.set_readonly(c, True)
+        out.append((cfg, tuple(subs)))
+    return tuple(out)
+
+
 def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optional[Path] = None) -> pd.DataFrame:
     """One row per (run of the table's sweep, aggregator): keys, method, run_id, status, metrics.
 
@@ -181,16 +200,13 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
     the column's keys, ``value`` and ``never`` (a finished run whose summary says the threshold was never reached).
     """
 
-    conf_dir = conf_dir or CONF_DIR
     rows = []
     meta = None
     specs: List[ColumnSpec] = []
-    for ovs in expand_sweep(overrides, conf_dir):
-        cfg = compose_run(ovs, conf_dir)
+    for cfg, subs in sweep_configs(tuple(overrides), Path(conf_dir or CONF_DIR)):
         if meta is None:
             meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
             specs = column_specs(meta)   # a bad declaration fails before any record is read
-        subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
         for sub in subs:
             sub, chosen, sel_path = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
             c = OmegaConf.to_container(sub, resolve=True)
