@@ -1,14 +1,19 @@
 #!/usr/bin/env python
 """Sweep throughput: the same small real sweep one job at a time vs several jobs at once (``run.py -m``).
 
-    python scripts/bench_sweep.py                        # 4 FedAvg runs, Fashion-MNIST (12k samples), LeNet, 1 epoch
-    python scripts/bench_sweep.py --runs 8 --epochs 2 --parallel-threads 1
+    python scripts/bench_sweep.py                        # 4 FedAvg runs, Fashion-MNIST (all 60k samples), LeNet, 2 epochs
+    python scripts/bench_sweep.py --runs 8 --client-samples 12000 --parallel-threads 1
 
-Configuration A runs one job at a time with every core as its threads (hardware.jobs=1,
-hardware.num_threads=cores); B runs cores // t jobs at once with t threads each (t = --parallel-threads).
-Each configuration is a fresh ``run.py -m`` process (imports and data loading included, as a user sees it),
-``cache=false``, into a fresh temporary output folder. Prints wall times and the ratio A / B; never a
-pass/fail. On a shared machine other work skews both numbers: rerun, and compare on the same machine.
+Each run trains long enough (about 8 s on one core) that the sweep's cost is its training, not the seconds every
+process spends importing torch and loading the data set, which no number of jobs can hide.
+
+Three configurations of the same sweep, each a fresh ``run.py -m`` process (imports and data loading included, as
+a user sees it), ``cache=false``, into a fresh temporary output folder:
+  one  - one job at a time, one thread (how a sweep ran before hardware.jobs: one core busy);
+  wide - one job at a time with every core as its threads (hardware.jobs=1, hardware.num_threads=cores);
+  par  - cores // t jobs at once with t threads each (t = --parallel-threads; the default ``hardware.jobs=auto``).
+Prints wall times and the ratios one / par and wide / par; never a pass/fail. On a shared machine other work skews
+every number: rerun, and compare on the same machine.
 """
 from __future__ import annotations
 
@@ -64,13 +69,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset", default="fmnist")
     ap.add_argument("--model", default="lenet")
     ap.add_argument("--clients", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--client-samples", type=int, default=12000,
-                    help="training samples the clients share (default 12000 of Fashion-MNIST's 60000; 0 = all)")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--client-samples", type=int, default=0,
+                    help="training samples the clients share (e.g. 12000 of Fashion-MNIST's 60000; default 0 = all)")
     ap.add_argument("--train-size", type=int, default=60000, help="the data set's training-set size")
     ap.add_argument("--parallel-threads", type=int, default=1, help="threads per job in configuration B")
-    ap.add_argument("--serial-threads", type=int, default=None, help="threads of configuration A (default: cores)")
-    ap.add_argument("--parallel-first", action="store_true", help="time B before A (load drifts on shared machines)")
+    ap.add_argument("--serial-threads", type=int, default=None, help="threads of configuration wide (default: cores)")
+    ap.add_argument("--parallel-first", action="store_true", help="time par first (load drifts on shared machines)")
     args = ap.parse_args(argv)
     if not args.client_samples or args.client_samples >= args.train_size:
         args.client_samples = None
@@ -82,13 +87,14 @@ def main(argv=None) -> int:
           f"{args.model}, {args.clients} clients, 1 round x {args.epochs} epoch(s), cache=false; {cores} core(s) "
           f"(other processes on this machine count too)")
     ts = args.serial_threads or cores
-    if args.parallel_first:
-        parallel = time_sweep(ovs, jobs, t)
-        serial = time_sweep(ovs, 1, ts)
-    else:
-        serial = time_sweep(ovs, 1, ts)
-        parallel = time_sweep(ovs, jobs, t)
-    print(f"ratio: (1 job x {ts} thread(s)) / ({jobs} jobs x {t} thread(s)) = {serial / parallel:.2f}x")
+    configs = {"one": (1, 1), "wide": (1, ts), "par": (jobs, t)}
+    if ts == 1:
+        configs.pop("wide")
+    order = ["par", *[k for k in configs if k != "par"]] if args.parallel_first else list(configs)
+    secs = {k: time_sweep(ovs, *configs[k]) for k in order}
+    for k in [k for k in ("one", "wide") if k in secs]:
+        j, th = configs[k]
+        print(f"ratio: (1 job x {th} thread(s)) / ({jobs} jobs x {t} thread(s)) = {secs[k] / secs['par']:.2f}x")
     return 0
 
 

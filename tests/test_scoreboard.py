@@ -84,6 +84,10 @@ def test_claims_hold_only_when_every_row_agrees():
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}}, colls)[0] == \
         "reproduced"
     assert _claim_status({"collection": "missing", "winner": "w", "loser": "l"}, colls)[0] == "not run"
+    # a loss (the collection's metric is nll): the winner must have the lower mean
+    colls["t"]["entry"] = {"metric": "nll"}
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \
+        ("not reproduced", "1/2 rows (fails: d/a)")
 
 
 def _along(means, stds, n=10):
@@ -133,3 +137,15 @@ def test_every_committed_table_is_regenerated_from_committed_records(tmp_path, m
     listed = {f"{e['name']}.md" for e in entries}
     on_disk = {p.name for p in (ROOT / "results" / "tables").glob("*.md")}
     assert on_disk <= listed, f"tables not made from committed records: {sorted(on_disk - listed)}"
+
+
+def test_scoreboard_columns_nest():
+    """In every scoreboard row, cells with all seeds and cells within tolerance are among the cells run (cost
+    columns, never scored, count nowhere), and run cells are among the runnable ones."""
+    lines = (ROOT / "results" / "REPRODUCTION.md").read_text().split("## 2. Scoreboard")[1].split("\n## ")[0]
+    rows = [ln.split("|")[1:-1] for ln in lines.splitlines() if ln.startswith("| ") and "table |" not in ln]
+    assert rows, "no scoreboard rows"
+    for cells in rows:
+        name, _, here, run, full, within, outside = (c.strip().strip("*") for c in cells[:7])
+        here, run, full, within, outside = map(int, (here, run, full, within, outside))
+        assert full <= run <= here and within + outside == run, name

@@ -2,6 +2,7 @@
 from tests.conftest import ok_record
 import math
 
+import pandas as pd
 import pytest
 
 from fedbench.launch.sweep import compose_run, expand_sweep
@@ -263,3 +264,38 @@ def test_cells_keep_small_values_readable():
     assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 66.5}).endswith("Δ +3.50 ✗")
     assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 66.5, "paper_std": 4.0}, paper_n=3).endswith("✓")
     assert format_cell({"mean": 70.0, "std": 1.0, "n": 3, "paper": 60.0, "stale": 2}).startswith("70.00 ± 1.00 (n=3) (+2 stale)")
+
+
+def test_nll_cells_have_their_own_tolerance_floor():
+    """3 'points' would accept any NLL: NLL cells (FedLap Table 5) use a 0.05-nat floor, joined from their metric."""
+    from fedbench.report.tables import attach_reference, format_cell, within_tolerance
+    cell = {"mean": 0.45, "std": 0.01, "n": 3, "paper": 0.56}
+    assert within_tolerance(cell, 3) is True                       # the accuracy-point floor
+    assert within_tolerance({**cell, "tol_floor": 0.05}, 3) is False
+    assert within_tolerance({**cell, "mean": 0.52, "tol_floor": 0.05}, 3) is True
+    summary = pd.DataFrame([{"dataset": "fmnist", "partition": "homog", "num_clients": 10, "method": "fedavg",
+                             "mean": 0.45, "std": 0.01, "n": 3}])
+    nll = attach_reference(summary, "fedlap", "table5", "nll").iloc[0].to_dict()
+    assert nll["paper"] == pytest.approx(0.56) and nll["tol_floor"] == pytest.approx(0.05)
+    assert format_cell(nll, 3).endswith("✗")
+    acc = attach_reference(summary.assign(mean=84.0), "fedlap", "table1", "accuracy")
+    assert "tol_floor" not in acc
+
+
+def test_row_winner_of_a_loss_is_its_lowest_mean():
+    from fedbench.report.tables import score
+    rows = [("a", 0.40, 0.45), ("b", 0.60, 0.50), ("c", 0.50, 0.70)]   # (method, ours, paper)
+    s = pd.DataFrame([{"dataset": "d", "partition": "p", "method": m, "mean": o, "std": 0.0, "n": 3, "paper": p}
+                      for m, o, p in rows])
+    assert score(s, {}, "nll")["order_held"] == 1          # lowest: a, ours and the paper's
+    assert score(s, {}, "accuracy")["order_held"] == 0     # highest: b here, c in the paper
+
+
+def test_a_row_whose_paper_best_is_tied_holds_for_either():
+    from fedbench.report.tables import score
+    s = pd.DataFrame([{"dataset": "d", "partition": "p", "method": m, "mean": o, "std": 0.0, "n": 3, "paper": p}
+                      for m, o, p in [("a", 0.60, 0.56), ("b", 0.50, 0.56), ("c", 0.70, 0.63)]])
+    assert score(s, {}, "nll")["order_held"] == 1          # b is ours; a and b tie in the paper
+    s.loc[1, "paper"] = 0.57
+    failed = score(s, {}, "nll")["order_failed"]
+    assert [(f["paper_winner"], f["our_winner"]) for f in failed] == [("a", "b")]

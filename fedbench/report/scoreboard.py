@@ -17,9 +17,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
+from fedbench.report.costs import is_cost
 from fedbench.results.reference import available_tables, load_reference
-from fedbench.report.tables import (COLLECTIONS, SUMMARY_VARIANTS, attach_reference, norm_key, paper_seeds,
-                                     read_collections, score, summarise, table_runs)
+from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, attach_reference, norm_key,
+                                     paper_seeds, read_collections, score, summarise, table_runs)
 
 CAMPAIGN = "campaign.yaml"
 GAPS = "gaps.md"
@@ -60,14 +61,16 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
                                    SUMMARY_VARIANTS.get(meta.get("summary")))
         want = paper_seeds(meta) or 0
         ran = summary[(summary["n"] > 0) & summary["paper"].notna()] if len(summary) else summary
-        out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta), "entry": e,
+        if "metric" in ran:   # costs are never scored (score()), so they count in no column of the scoreboard
+            ran = ran[~ran["metric"].map(is_cost)]
+        out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta, metric), "entry": e,
                           "full_seeds": int((ran["n"] >= want).sum()) if want and len(ran) else 0}
     return out
 
 
 def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tuple:
     """(status, detail) of a headline claim: ``{collection, winner, loser}`` (our means must order every row of the
-    collection where both methods ran as the claim says) or ``{collection, method, along, direction}`` (the
+    collection where both methods ran as the claim says; for a loss such as NLL the winner's mean is the lower) or ``{collection, method, along, direction}`` (the
     method's means must fall, or rise, strictly along the row key ``along``)."""
     c = colls.get(claim.get("collection"))
     if c is None:
@@ -80,6 +83,7 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
     rows, held, failed = 0, 0, []
     where = claim.get("where") or {}
+    sign = -1.0 if (c.get("entry", {}).get("metric") or "accuracy") in LOWER_IS_BETTER else 1.0   # a loss: lower beats
     for rv, g in s.groupby(keys, sort=False, dropna=False):
         rv = rv if isinstance(rv, tuple) else (rv,)
         row = dict(zip(keys, rv))
@@ -90,7 +94,7 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
         if w.empty or lo.empty:
             continue
         rows += 1
-        if float(w["mean"].iloc[0]) > float(lo["mean"].iloc[0]):
+        if sign * float(w["mean"].iloc[0]) > sign * float(lo["mean"].iloc[0]):
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in rv))

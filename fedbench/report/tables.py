@@ -409,6 +409,8 @@ def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str 
     extra = ["scales_with"] if "scales_with" in ref else []   # FedBEns Table 4's per-mixture costs
     merged = summary.merge(ref[[k + "__j" for k in on] + ["mean", "std"] + extra].rename(
         columns={"mean": "paper", "std": "paper_std"}), on=[k + "__j" for k in on], how="left")
+    if "metric" not in merged and metric in TOLERANCE_FLOOR:
+        merged["tol_floor"] = tolerance_floor(metric)
     return merged.drop(columns=[k + "__j" for k in on] + ["base_method"])
 
 
@@ -425,18 +427,28 @@ def _missing(x) -> bool:
 
 
 TOLERANCE_POINTS = 3.0   # |Δ| within max(3 points, 2 × combined standard error) counts as reproduced
+# The floor of that rule for metrics not in accuracy points (rounds to a threshold keep 3 rounds). NLL: the papers'
+# seed std of an NLL cell is 0.00-0.05 nats and FedLap Table 5 separates methods by 0.04-0.1, so 0.05 nats.
+TOLERANCE_FLOOR = {"nll": 0.05}
+LOWER_IS_BETTER = ("nll", "ece", "rounds_to_acc")   # a row's winner has the lowest mean
+
+
+def tolerance_floor(metric: Optional[str]) -> float:
+    return TOLERANCE_FLOOR.get(str(metric), TOLERANCE_POINTS)
 
 
 def tolerance(r: Dict[str, Any], paper_n: Optional[int]) -> Optional[float]:
-    """The largest |Δ| that still counts as reproduced: max(3, 2·sqrt(s²/n + s_p²/n_p)) (a missing paper std
-    counts as 0); None when there is nothing to compare."""
+    """The largest |Δ| that still counts as reproduced: max(floor, 2·sqrt(s²/n + s_p²/n_p)) (a missing paper std
+    counts as 0; the floor is 3 points, or the cell's ``tol_floor`` from its metric); None when there is nothing to
+    compare."""
     n = int(r.get("n") or 0)
     if n == 0 or _missing(r.get("paper")) or _missing(r.get("mean")):
         return None
     s = 0.0 if _missing(r.get("std")) else float(r["std"])
     sp = 0.0 if _missing(r.get("paper_std")) else float(r["paper_std"])
     var = s * s / n + (sp * sp / paper_n if paper_n else 0.0)
-    return max(TOLERANCE_POINTS, 2.0 * math.sqrt(var))
+    floor = r.get("tol_floor")
+    return max(TOLERANCE_POINTS if _missing(floor) else float(floor), 2.0 * math.sqrt(var))
 
 
 def within_tolerance(r: Dict[str, Any], paper_n: Optional[int]) -> Optional[bool]:
@@ -499,9 +511,10 @@ def paper_seeds(meta: Dict[str, Any]) -> Optional[int]:
     return len(seeds) if isinstance(seeds, (list, tuple)) and seeds else None
 
 
-def score(summary: pd.DataFrame, meta: Dict[str, Any]) -> Dict[str, Any]:
+def score(summary: pd.DataFrame, meta: Dict[str, Any], metric: str = "accuracy") -> Dict[str, Any]:
     """What a table reproduces: cells with a paper number, those run (n > 0) and within / outside tolerance, and
-    per row the paper's winner against ours (only for tables whose columns are methods)."""
+    per row the paper's winner against ours (only for tables whose columns are methods; the lowest wins for a
+    metric in LOWER_IS_BETTER)."""
     paper_n = paper_seeds(meta)
     keys = [k for k in (meta.get("rows") or ["dataset", "partition"])] + (["column"] if "column" in summary else [])
     keys = [k for k in keys if k in summary]
@@ -527,13 +540,21 @@ def score(summary: pd.DataFrame, meta: Dict[str, Any]) -> Dict[str, Any]:
             if len(both) < 2:
                 continue
             out["rows"] += 1
-            ours, theirs = both.loc[both["mean"].idxmax(), "method"], both.loc[both["paper"].idxmax(), "method"]
-            if ours == theirs:
+            best = "idxmin" if metric in LOWER_IS_BETTER else "idxmax"
+            ours = both.loc[getattr(both["mean"], best)(), "method"]
+            top = both["paper"].min() if metric in LOWER_IS_BETTER else both["paper"].max()
+            theirs = list(both.loc[both["paper"] == top, "method"])   # the paper's printed ties all win
+            if ours in theirs:
                 out["order_held"] += 1
             else:
+                theirs = "/".join(theirs)
                 out["order_failed"].append({"row": "/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))),
                                             "paper_winner": theirs, "our_winner": ours})
     return out
+
+
+def _floor_text(metric: str) -> str:
+    return f"{TOLERANCE_FLOOR[metric]:g} {metric}" if metric in TOLERANCE_FLOOR else f"{TOLERANCE_POINTS:g} points"
 
 
 def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, approx_note: str = "",
@@ -551,7 +572,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
              + ". Generated from run records (`results/records/`; `make tables` regenerates it).",
              "Cell: ours mean ± std over " + (f"**n = {one_n}** seed(s) in every cell that ran" if one_n else "n seeds")
              + " (sample std) / the paper's number / difference, ✓ within tolerance, ✗ outside "
-             f"(|Δ| ≤ max({TOLERANCE_POINTS:g} points, 2 × the combined standard error; paper n = {paper_n or '?'})). "
+             f"(|Δ| ≤ max({_floor_text(metric)}, 2 × the combined standard error; paper n = {paper_n or '?'})). "
              "`not run` = no ok record yet; `—` = no paper number; `+k stale` = k records of older numerics left out."]
     only_costs = bool(specs) and all(is_cost(s.metric) for s in specs)
     if only_costs:   # a cost table is read by its ratios, never scored (fedbench/report/costs.py)
@@ -582,7 +603,7 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
                    and tuple(norm_key(r.get(k)) for k in col_keys) == cv]
             cells.append(_cell_text(hit[0], paper_n, one_n is None) if hit else "")
         lines.append("| " + " | ".join(list(rv) + cells) + " |")
-    sc = score(summary, meta)
+    sc = score(summary, meta, metric)
     if not only_costs:
         lines += ["", f"Within tolerance: **{sc['within']} of {sc['run']}** cells run with a paper number "
                   f"({sc['paper_cells']} paper cells in this collection)."]
