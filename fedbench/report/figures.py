@@ -289,7 +289,7 @@ def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, m
     spec = figure_spec(meta)
     if spec["kind"] == "sweep":
         return plot_sweep_table(overrides, output_root, figures_dir, metric, runs=runs, suffix=suffix)[0]
-    metric = metric or spec["metric"] or "accuracy"
+    metric = metric or spec["metric"] or meta.get("metric") or "accuracy"   # a table of NLL draws NLL
     curves = round_curves(overrides, output_root, metric, runs=runs)
     if curves.empty:
         raise _no_runs(runs)
