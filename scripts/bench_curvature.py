@@ -13,7 +13,9 @@ Times, on the same device and the same 12,000-sample client:
   * diag:  the true-Fisher diagonal (exact expectation over the 10 classes, FedFisher, Fisher Merge);
   * diag_mc: the MC-Fisher diagonal, one sampled label per sample (``fisher: mc``, e.g. FedLap-Cov's option);
   * diag_emp: the empirical-Fisher diagonal (true labels; FOLA, FedCurv, online Fisher);
-and prints each time and the ratios ``<job>/epoch``. The three are run in
+and prints each time and the ratios ``<job>/epoch``, then each job's FLOPs (``torch.utils.flop_counter``), the
+GFLOP/s it ran at, and its FLOP ratio to the epoch: the time ratio it would have at equal efficiency (K-FAC's conv
+factors and the true Fisher's 10 per-class backward passes do several epochs' worth of arithmetic). The three are run in
 interleaved rounds; the reported time is the median over ``--repeats`` rounds (the minimum is
 printed too, since the shared CPU machines are noisy). Data: the first N Fashion-MNIST training
 images when the data set can be loaded offline, else random N(0, 1) images (said in the output).
@@ -139,6 +141,23 @@ def main():
         print(f"{k:11s} median {med[k]:.3f} s   min {mn[k]:.3f} s   all {[round(t, 3) for t in times[k]]}")
     for k in [j for j in jobs if j != "epoch"]:
         print(f"{k}/epoch = {med[k] / med['epoch']:.2f}x (median)   {mn[k] / mn['epoch']:.2f}x (min)")
+    flops = count_flops(jobs)
+    print("work (torch.utils.flop_counter: matmuls and convolutions) and the rate it ran at; 'FLOP floor' is the time "
+          "ratio to one epoch if both ran at the same GFLOP/s:")
+    for k in jobs:
+        print(f"{k:11s} {flops[k] / 1e9:8.2f} GFLOP  {flops[k] / 1e9 / med[k]:6.1f} GFLOP/s" +
+              ("" if k == "epoch" else f"   FLOP floor {flops[k] / flops['epoch']:.2f}x epoch"))
+
+
+def count_flops(jobs) -> dict:
+    """FLOPs of one call of each job (matmul and convolution FLOPs, as torch counts them)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    out = {}
+    for k, fn in jobs.items():
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        out[k] = counter.get_total_flops()
+    return out
 
 
 if __name__ == "__main__":
