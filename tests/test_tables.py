@@ -299,3 +299,23 @@ def test_a_row_whose_paper_best_is_tied_holds_for_either():
     s.loc[1, "paper"] = 0.57
     failed = score(s, {}, "nll")["order_failed"]
     assert [(f["paper_winner"], f["our_winner"]) for f in failed] == [("a", "b")]
+
+
+def test_reseeded_compositions_equal_real_ones_and_a_mismatch_falls_back(monkeypatch):
+    """Tables compose runs that differ only in seed= once and copy them with the seed set; the copies must equal
+    real compositions, and when the first copy of a table does not, the table is composed run by run."""
+    from fedbench.report import tables as T
+    runs = expand_sweep(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist", "partition.alpha=0.1"])
+    assert len({tuple(o for o in r if not o.startswith("seed=")) for r in runs}) < len(runs)   # seeds to reuse
+    reused = T._compose_sweep(runs, CONF_DIR, reuse_seeds=True)
+    direct = T._compose_sweep(runs, CONF_DIR, reuse_seeds=False)
+    assert [T._containers(p) for p in reused] == [T._containers(p) for p in direct]
+    assert [[compute_run_id(s) for s in p[1]] for p in reused] == [[compute_run_id(s) for s in p[1]] for p in direct]
+    wrong = T._reseeded
+    monkeypatch.setattr(T, "_reseeded", lambda pair, seed: wrong(pair, seed + 1))
+    assert T._compose_sweep(runs, CONF_DIR, reuse_seeds=True) is None
+    T.sweep_configs.cache_clear()
+    fallback = T.sweep_configs(tuple(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist",
+                                      "partition.alpha=0.1"]), CONF_DIR)
+    assert [T._containers(p) for p in fallback] == [T._containers(p) for p in direct]
+    T.sweep_configs.cache_clear()

@@ -16,6 +16,7 @@ names algorithm keys that tell variants of one method apart in a figure or table
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, read_write
 
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
@@ -180,17 +181,60 @@ def sweep_configs(overrides: tuple, conf_dir: Path) -> tuple:
     """((cell config, its per-aggregator run configs), ...) for a table's sweep, composed once per process.
 
     Composition depends only on the overrides and the config files, and it is most of a table's cost (Hydra re-reads
-    every YAML per run), so `make tables` and the scoreboard, which read the same sweeps again, share it. The configs
-    are read-only: a caller that needs to change one copies it first.
+    every YAML per run), so `make tables` and the scoreboard, which read the same sweeps again, share it. Runs that
+    differ only in ``seed=`` are composed once and copied with the seed set (``_reseeded``); the first copy of every
+    table is checked against a real composition, and a mismatch composes the whole table directly. The configs are
+    read-only: a caller that needs to change one copies it first.
     """
-    out = []
-    for ovs in expand_sweep(list(overrides), conf_dir):
-        cfg = compose_run(ovs, conf_dir)
-        subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
-        for c in (cfg, *subs):
-            OmegaConf.set_readonly(c, True)
-        out.append((cfg, tuple(subs)))
-    return tuple(out)
+    runs = expand_sweep(list(overrides), conf_dir)
+    out = _compose_sweep(runs, conf_dir, reuse_seeds=True)
+    return tuple(out) if out is not None else tuple(_compose_sweep(runs, conf_dir, reuse_seeds=False))
+
+
+def _compose_sweep(runs: List[List[str]], conf_dir: Path, reuse_seeds: bool) -> Optional[list]:
+    """None when a reseeded copy differs from its real composition (then the caller composes every run)."""
+    out, bases, checked = [], {}, False
+    for ovs in runs:
+        seeds = [o for o in ovs if re.fullmatch(r"seed=-?\d+", o)]
+        rest = tuple(o for o in ovs if o not in seeds)
+        base = bases.get(rest) if reuse_seeds and len(seeds) == 1 else None
+        if base is not None:
+            pair = _reseeded(base, int(seeds[0].split("=", 1)[1]))
+            if not checked:
+                checked = True
+                if _containers(pair) != _containers(_compose_one(ovs, conf_dir)):
+                    return None
+        else:
+            pair = _compose_one(ovs, conf_dir)
+            if len(seeds) == 1:
+                bases[rest] = pair
+        out.append(pair)
+    return out
+
+
+def _compose_one(ovs: Sequence[str], conf_dir: Path) -> tuple:
+    cfg = compose_run(ovs, conf_dir)
+    subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
+    for c in (cfg, *subs):
+        OmegaConf.set_readonly(c, True)
+    return cfg, tuple(subs)
+
+
+def _reseeded(pair: tuple, seed: int) -> tuple:
+    """A copy of a composed (cell, runs) pair with ``seed`` set, as composing it with ``seed=<seed>`` would give."""
+    def copy_with_seed(c):
+        c = copy.deepcopy(c)
+        with read_write(c):
+            c.seed = seed
+        return c
+
+    cfg, subs = pair
+    new = copy_with_seed(cfg)
+    return new, (new,) if subs == (cfg,) and subs[0] is cfg else tuple(copy_with_seed(c) for c in subs)
+
+
+def _containers(pair: tuple) -> list:
+    return [OmegaConf.to_container(c, resolve=False) for c in (pair[0], *pair[1])]
 
 
 def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optional[Path] = None) -> pd.DataFrame:
