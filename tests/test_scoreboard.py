@@ -84,6 +84,15 @@ def test_claims_hold_only_when_every_row_agrees():
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}}, colls)[0] == \
         "reproduced"
     assert _claim_status({"collection": "missing", "winner": "w", "loser": "l"}, colls)[0] == "not run"
+    # fewer than the paper's seeds for either method in a compared row: the claim's detail says provisional
+    meta3 = {"rows": ["dataset", "partition"], "profiles": {"paper": {"sweep": {"seed": [0, 1, 2]}}}}
+    full = s.assign(n=3)
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}},
+                         {"t": {"summary": full, "meta": meta3}}) == ("reproduced", "1/1 rows")
+    full.loc[0, "n"] = 2
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}},
+                         {"t": {"summary": full, "meta": meta3}}) == \
+        ("reproduced", "1/1 rows; provisional: fewer than 3 seeds in 1 of 1 rows")
     # a loss (the collection's metric is nll): the winner must have the lower mean
     colls["t"]["entry"] = {"metric": "nll"}
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \

@@ -70,8 +70,10 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
 
 def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tuple:
     """(status, detail) of a headline claim: ``{collection, winner, loser}`` (our means must order every row of the
-    collection where both methods ran as the claim says; for a loss such as NLL the winner's mean is the lower) or ``{collection, method, along, direction}`` (the
-    method's means must fall, or rise, strictly along the row key ``along``)."""
+    collection where both methods ran as the claim says; for a loss such as NLL the winner's mean is the lower) or
+    ``{collection, method, along, direction}`` (the method's means must fall, or rise, strictly along the row key
+    ``along``). The detail says "provisional" while a compared row has fewer than the paper's seeds for either
+    method (the means then rest on fewer, or different, seeds)."""
     c = colls.get(claim.get("collection"))
     if c is None:
         return "not run", "collection not committed"
@@ -81,7 +83,8 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     if "along" in claim:
         return _monotone_status(claim, c)
     keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
-    rows, held, failed = 0, 0, []
+    rows, held, failed, short = 0, 0, [], 0
+    want = paper_seeds(c["meta"]) or 0
     where = claim.get("where") or {}
     sign = -1.0 if (c.get("entry", {}).get("metric") or "accuracy") in LOWER_IS_BETTER else 1.0   # a loss: lower beats
     for rv, g in s.groupby(keys, sort=False, dropna=False):
@@ -94,15 +97,17 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
         if w.empty or lo.empty:
             continue
         rows += 1
+        short += int(min(int(w["n"].iloc[0]), int(lo["n"].iloc[0])) < want)
         if sign * float(w["mean"].iloc[0]) > sign * float(lo["mean"].iloc[0]):
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in rv))
     if rows == 0:
         return "not run", "no row has both methods"
+    partial = f"; provisional: fewer than {want} seeds in {short} of {rows} rows" if short else ""
     if held == rows:
-        return "reproduced", f"{held}/{rows} rows"
-    return "not reproduced", f"{held}/{rows} rows (fails: {', '.join(failed)})"
+        return "reproduced", f"{held}/{rows} rows{partial}"
+    return "not reproduced", f"{held}/{rows} rows (fails: {', '.join(failed)}){partial}"
 
 
 DIRECTIONS = ("decreasing", "increasing")
@@ -219,7 +224,10 @@ def _claims(plan: dict, colls: dict) -> List[str]:
         counts[status] = counts.get(status, 0) + 1
         lines.append(f"| {cl['paper']} | {cl['text']} | {cl['collection']} | **{status}** ({detail}) |")
     lines.append("")
-    lines.append("Claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "." if counts else "No claims listed.")
+    provisional = sum(1 for ln in lines if "provisional:" in ln)
+    lines.append("Claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                 + (f" ({provisional} provisional: fewer than the paper's seeds)" if provisional else "") + "."
+                 if counts else "No claims listed.")
     return lines
 
 
