@@ -94,7 +94,7 @@ def test_claims_hold_only_when_every_row_agrees():
                          {"t": {"summary": full, "meta": meta3}}) == \
         ("reproduced", "1/1 rows; provisional: fewer than 3 seeds in 1 of 1 rows")
     # a loss (the collection's metric is nll): the winner must have the lower mean
-    colls["t"]["entry"] = {"metric": "nll"}
+    colls["t"]["metric"] = "nll"
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \
         ("not reproduced", "1/2 rows (fails: d/a)")
 

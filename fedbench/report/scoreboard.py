@@ -63,7 +63,7 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
         ran = summary[(summary["n"] > 0) & summary["paper"].notna()] if len(summary) else summary
         if "metric" in ran:   # costs are never scored (score()), so they count in no column of the scoreboard
             ran = ran[~ran["metric"].map(is_cost)]
-        out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta, metric), "entry": e,
+        out[e["name"]] = {"meta": meta, "summary": summary, "score": score(summary, meta, metric), "entry": e, "metric": metric,
                           "full_seeds": int((ran["n"] >= want).sum()) if want and len(ran) else 0}
     return out
 
@@ -86,7 +86,7 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     rows, held, failed, short = 0, 0, [], 0
     want = paper_seeds(c["meta"]) or 0
     where = claim.get("where") or {}
-    sign = -1.0 if (c.get("entry", {}).get("metric") or "accuracy") in LOWER_IS_BETTER else 1.0   # a loss: lower beats
+    sign = -1.0 if c.get("metric", "accuracy") in LOWER_IS_BETTER else 1.0   # a loss: the lower mean beats
     for rv, g in s.groupby(keys, sort=False, dropna=False):
         rv = rv if isinstance(rv, tuple) else (rv,)
         row = dict(zip(keys, rv))
@@ -219,12 +219,13 @@ def _scoreboard_table(by_table: Dict[tuple, List[str]], figures: Dict[tuple, Lis
 def _claims(plan: dict, colls: dict) -> List[str]:
     lines = ["", "## 3. Headline claims", "", "| paper | claim | checked on | status |", "|---|---|---|---|"]
     counts: Dict[str, int] = {}
+    provisional = 0
     for cl in plan.get("claims") or []:
         status, detail = _claim_status(cl, colls)
         counts[status] = counts.get(status, 0) + 1
+        provisional += "provisional:" in detail
         lines.append(f"| {cl['paper']} | {cl['text']} | {cl['collection']} | **{status}** ({detail}) |")
     lines.append("")
-    provisional = sum(1 for ln in lines if "provisional:" in ln)
     lines.append("Claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                  + (f" ({provisional} provisional: fewer than the paper's seeds)" if provisional else "") + "."
                  if counts else "No claims listed.")

@@ -230,7 +230,7 @@ def _reseeded(pair: tuple, seed: int) -> tuple:
 
     cfg, subs = pair
     new = copy_with_seed(cfg)
-    return new, (new,) if subs == (cfg,) and subs[0] is cfg else tuple(copy_with_seed(c) for c in subs)
+    return new, (new,) if subs[0] is cfg else tuple(copy_with_seed(c) for c in subs)   # no aggregators: one config
 
 
 def _containers(pair: tuple) -> list:
