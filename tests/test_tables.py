@@ -319,3 +319,18 @@ def test_reseeded_compositions_equal_real_ones_and_a_mismatch_falls_back(monkeyp
                                       "partition.alpha=0.1"]), CONF_DIR)
     assert [T._containers(p) for p in fallback] == [T._containers(p) for p in direct]
     T.sweep_configs.cache_clear()
+
+
+def test_a_metric_no_record_has_is_one_line_and_writes_nothing(tmp_path):
+    from fedbench.errors import FedbenchError
+    from fedbench.report.tables import collect
+    out, preset = tmp_path / "out", ["experiment=fedlpa/table6", "profile=paper", "dataset=fmnist", "seed=0"]
+    for ovs in expand_sweep(preset):
+        for sub in expand_aggregators(compose_run(ovs), CONF_DIR, allow_missing=True):
+            if sub.algorithm.name == "fedavg":
+                write_json_atomic(out / "runs" / compute_run_id(sub) / "metrics.json",
+                                  ok_record(compute_run_id(sub), "fedavg", metrics={"accuracy": 50.0, "nll": 1.0}))
+    with pytest.raises(FedbenchError, match=r"metric 'nlll' is in none of the 9 finished records.*accuracy, nll"):
+        collect(preset, out, tmp_path / "results" / "tables", "nlll")
+    assert not (tmp_path / "results").exists()
+    assert collect(preset, out, tmp_path / "results" / "tables", "nll", publish=False).is_file()

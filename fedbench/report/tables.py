@@ -690,6 +690,7 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     if not meta:
         raise FedbenchError("collect needs an experiment preset (experiment=<paper>/<table>)")
     metric = metric or meta.get("metric") or "accuracy"
+    check_metric(df, metric, meta.get("rows") or [])   # a misspelt metric fails before anything is published or overwritten
     profile = str(df["profile"].iloc[0]) if len(df) else "paper"
     name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}") + \
         (f"_{suffix}" if suffix else "")
@@ -735,6 +736,17 @@ def publish_records(df: pd.DataFrame) -> int:
 # --- the committed collections: what `make tables` regenerates -------------------------------------------
 COLLECTIONS = "collections.yaml"
 _NOT_COLLECTION_KEYS = ("hardware", "progress", "paths", "logger", "force", "cache", "save_model")
+
+
+def check_metric(df: pd.DataFrame, metric: str, row_keys: Sequence[str] = ()) -> None:
+    """One line when no finished run of the table has ``metric`` (``table.columns`` tables name their own values)."""
+    ok = df[df["status"] == "ok"] if "status" in df else df.iloc[0:0]
+    if "column" in df or ok.empty or (metric in ok and ok[metric].notna().any()):
+        return
+    have = [c for c in ok.select_dtypes("number").columns
+            if c not in ("seed", "rounds", *row_keys) and ok[c].notna().any()]
+    raise FedbenchError(f"metric {metric!r} is in none of the {len(ok)} finished records of this table; they have: "
+                        f"{', '.join(sorted(have))}")
 
 
 def collection_overrides(overrides: Sequence[str]) -> List[str]:
