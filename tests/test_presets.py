@@ -2,6 +2,7 @@
 independently from the table's axes, notes §6), has a smaller quick profile, names only known methods, and labels
 its rows with the columns (and values) of its reference CSV (results/reference/<paper>_<id>.csv)."""
 import csv
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -200,3 +201,38 @@ def test_readme_lists_exactly_the_presets():
     named = _readme_presets()
     assert named - set(PRESETS) == set(), f"README names presets that do not exist: {sorted(named - set(PRESETS))}"
     assert set(PRESETS) - named == set(), f"presets missing from README: {sorted(set(PRESETS) - named)}"
+
+
+def _references_to_hp(node, out: set) -> set:
+    """Names K of every ``${hp.K}`` interpolation in an unresolved config container."""
+    if isinstance(node, dict):
+        for v in node.values():
+            _references_to_hp(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _references_to_hp(v, out)
+    elif isinstance(node, str):
+        out.update(k for k in re.findall(r"\$\{hp\.([A-Za-z0-9_]+)\}", node))
+    return out
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_swept_hp_keys_reach_a_method(preset):
+    """A sweep block that sets ``hp.<key>`` must feed it to some run setting: an ``aggregators`` override of bare names
+    (FedLap Table 1's FLamby block once) runs the algorithm YAMLs' defaults and silently ignores every hp value."""
+    def used(ovs):
+        cfg = OmegaConf.to_container(composed(tuple(ovs)), resolve=False)
+        return _references_to_hp({k: v for k, v in cfg.items() if k not in ("hp", "table")}, set())
+
+    # keys the preset's own lists read; a block may also set others only to share run ids with another table
+    # (hp is part of the run identity: fedlap/figure1 sets Table 1's hp.prox without running FedProx)
+    read_by_preset = used([f"experiment={preset}"])
+    seen = set()
+    for ovs in runs(preset, "paper"):
+        keys = tuple(sorted(o.split("=", 1)[0] for o in ovs))
+        if keys in seen:
+            continue
+        seen.add(keys)
+        swept = {k[len("hp."):] for k in keys if k.startswith("hp.")} & read_by_preset
+        lost = swept - used(ovs) if swept else set()
+        assert not lost, f"{preset}: {ovs} sets hp.{', hp.'.join(sorted(lost))} but none of its runs reads it"

@@ -152,6 +152,15 @@ def test_an_aggregator_entrys_own_option_is_tuned_through_algorithm_keys(tmp_pat
     # a grid that cannot reach the method's runs (here a key outside the run identity) is refused before training
     with pytest.raises(FedbenchError, match="does not change its runs"):
         tuning_tasks(preset("progress:[true,false]"))
+    # an hp value that no setting reads (a bare name in the list: the YAML's default mu) has a new run id per value
+    # but trains the same run; FedLap Table 1's FLamby block once tuned FedProx that way
+    bare = [o.replace("{name:fedprox,mu:0.5}", "fedprox") for o in preset("hp.prox:[0.1,1.0]")] + ["+hp={prox:0.5}"]
+    with pytest.raises(FedbenchError, match=r"grid key hp.prox of fedprox does not change its runs .*reads \$\{hp.prox\}"):
+        tuning_tasks(bare)
+    spec, tasks = tuning_tasks([o.replace("[fedavg,fedprox]", "[fedavg,{name:fedprox,mu:${hp.prox}}]")
+                                for o in bare])   # interpolated: the grid reaches mu
+    (prox,) = [t for t in tasks if t.grid]
+    assert [selection_config(prox, spec, p).algorithm.mu for p in grid_points(prox.grid)] == [0.1, 1.0]
     with pytest.raises(FedbenchError, match="fedprox has no option 'nu'"):
         tuning_tasks(preset("algorithm.nu:[0.0,1.0]"))
 

@@ -69,15 +69,37 @@ def tuning_tasks(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> Tuple[T
         for i, sub in enumerate(method_runs(ovs, conf_dir)):
             grid = grids.get(str(sub.algorithm.name), {})
             tasks.append(Task(list(ovs), i, str(sub.algorithm.name), sub, grid))
-            points = grid_points(grid)[:2] if grid else []   # a bad grid key fails here, not mid-way
-            ids = {compute_run_id(selection_config(tasks[-1], spec, p, conf_dir)) for p in points}
-            if len(points) == 2 and len(ids) == 1:
-                raise FedbenchError(f"tuning: the grid of {sub.algorithm.name} ({', '.join(grid)}) does not change its "
-                                    "runs (an aggregator entry's own value wins over an override of the cell: tune "
-                                    "algorithm.<option> instead)")
+            check_grid_reaches_runs(tasks[-1], spec, conf_dir)   # a bad or idle grid key fails here, not mid-way
     if spec is None:
         raise FedbenchError("tuning=on: the overrides select no run of the preset")
     return spec, tasks
+
+
+def run_settings(cfg: DictConfig) -> Dict[str, Any]:
+    """What a run does: its resolved config without ``hp``, which only holds values for interpolations (hp is part of
+    the run identity, so two runs that differ only in an hp value nothing reads have different ids yet train alike)."""
+    return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hp"}
+
+
+def check_grid_reaches_runs(task: Task, spec: TuningSpec, conf_dir: Path = CONF_DIR) -> None:
+    """Every key of a method's grid must change its selection runs: moved alone from the grid's first point to its
+    second value, the run's settings must differ. An aggregator entry's literal value wins over an override of the
+    cell, and a bare name in an ``aggregators`` list ignores ``hp.*`` altogether; either would make every selection
+    run the same run."""
+    if not task.grid:
+        return
+    first = grid_points(task.grid)[0]
+    base = selection_config(task, spec, first, conf_dir)
+    for key, values in task.grid.items():
+        if len(values) < 2:
+            continue
+        moved = selection_config(task, spec, {**first, key: values[1]}, conf_dir)
+        # idle: the same run id (a key outside the run identity), or a new id for the same training (hp only)
+        if compute_run_id(moved) == compute_run_id(base) or run_settings(moved) == run_settings(base):
+            hint = ("an aggregator entry's own value wins over an override of the cell: tune algorithm.<option>"
+                    if not key.startswith("hp.") else
+                    f"no setting of {task.method}'s run reads ${{{key}}}: its aggregators entry must interpolate it")
+            raise FedbenchError(f"tuning: the grid key {key} of {task.method} does not change its runs ({hint})")
 
 
 def split_point(point: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
