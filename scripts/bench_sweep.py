@@ -12,13 +12,17 @@ a user sees it), ``cache=false``, into a fresh temporary output folder:
   one  - one job at a time, one thread (how a sweep ran before hardware.jobs: one core busy);
   wide - one job at a time with every core as its threads (hardware.jobs=1, hardware.num_threads=cores);
   par  - cores // t jobs at once with t threads each (t = --parallel-threads; the default ``hardware.jobs=auto``).
-Prints wall times and the ratios one / par and wide / par; never a pass/fail. On a shared machine other work skews
+Prints wall times and the ratios one / par and wide / par, and where the parallel sweep loses against a perfect
+``jobs``x: its runs' own seconds (from the records) against one at a time (contention for memory and caches), and
+the job-seconds outside the runs (start-up, imports, data loading, idle jobs at the end); never a pass/fail. On a shared machine other work skews
 every number: rerun, and compare on the same machine.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -46,21 +50,33 @@ def holdout(args) -> list:
     return [f"server_unlabeled.size={args.train_size - args.client_samples}", "server_unlabeled.mode=holdout"]
 
 
-def time_sweep(overrides, jobs: int, threads: int) -> float:
-    """Wall seconds of one ``run.py -m`` sweep into a fresh output folder."""
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of every finished (reaped) descendant so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def time_sweep(overrides, jobs: int, threads: int) -> dict:
+    """One ``run.py -m`` sweep into a fresh output folder: its wall seconds, the CPU seconds of its processes,
+    and the seconds its runs spent inside ``execute`` (the records' timing.total_s)."""
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as out:
         env = {**os.environ, "FEDBENCH_OUTPUTS": out, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, str(ROOT / "run.py"), "-m", *overrides, f"hardware.jobs={jobs}",
                f"hardware.num_threads={threads}"]
-        t0 = time.perf_counter()
+        cpu0, t0 = children_cpu_seconds(), time.perf_counter()
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, children_cpu_seconds() - cpu0
         if p.returncode != 0:
             sys.exit(f"fedbench: error: the sweep failed (jobs={jobs}, threads={threads}): "
                      f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
-        ok = len(list(Path(out, "runs").glob("*/metrics.json")))
-    print(f"  {jobs} job(s) x {threads} thread(s): {seconds:7.1f} s  ({ok} records)", flush=True)
-    return seconds
+        records = [json.loads(f.read_text()) for f in Path(out, "runs").glob("*/metrics.json")]
+    in_runs = sum(float((r.get("timing") or {}).get("total_s") or 0.0) for r in records)
+    # in runs: the runs' own wall seconds (training, evaluation), summed over jobs; outside: wall x jobs minus that
+    # (interpreter start, imports, data loading, the launcher, and jobs idle at the sweep's end)
+    outside = seconds * jobs - in_runs
+    print(f"  {jobs} job(s) x {threads} thread(s): {seconds:7.1f} s wall, {cpu:7.1f} CPU s; in runs {in_runs:6.1f} s, "
+          f"outside runs {outside:6.1f} job-s  ({len(records)} records)", flush=True)
+    return {"wall": seconds, "cpu": cpu, "in_runs": in_runs, "outside": outside}
 
 
 def main(argv=None) -> int:
@@ -91,10 +107,17 @@ def main(argv=None) -> int:
     if ts == 1:
         configs.pop("wide")
     order = ["par", *[k for k in configs if k != "par"]] if args.parallel_first else list(configs)
-    secs = {k: time_sweep(ovs, *configs[k]) for k in order}
-    for k in [k for k in ("one", "wide") if k in secs]:
+    res = {k: time_sweep(ovs, *configs[k]) for k in order}
+    for k in [k for k in ("one", "wide") if k in res]:
         j, th = configs[k]
-        print(f"ratio: (1 job x {th} thread(s)) / ({jobs} jobs x {t} thread(s)) = {secs[k] / secs['par']:.2f}x")
+        print(f"ratio: (1 job x {th} thread(s)) / ({jobs} jobs x {t} thread(s)) = {res[k]['wall'] / res['par']['wall']:.2f}x")
+    one, par = res["one"], res["par"]
+    if jobs > 1 and one["in_runs"] > 0:
+        # where the parallel sweep loses against jobs x: runs slowed by sharing the machine (memory bandwidth,
+        # caches, other load), or time outside the runs that one job at a time also pays but cannot overlap
+        print(f"where par loses: its runs took {par['in_runs'] / one['in_runs']:.2f}x the run seconds of one at a "
+              f"time (contention); outside the runs {par['outside']:.1f} job-s against {one['outside']:.1f} s; "
+              f"CPU seconds {par['cpu'] / one['cpu']:.2f}x")
     return 0
 
 
