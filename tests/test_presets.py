@@ -168,6 +168,9 @@ def test_shared_settings_share_run_ids():
 
     assert ids("fedlap/table2", ["dataset=mnist"]) <= ids("fedlap/table1", ["dataset=mnist"])
     assert ids("fedlap/table5", ["dataset=cifar10"]) == ids("fedlap/table1", ["dataset=cifar10"])
+    for extra in (["dataset=fmnist", "num_clients=10"], ["dataset=mnist", "partition=size_class_dirichlet"]):
+        assert ids("fedlap/table3", extra) == ids("fedlap/table1", extra)   # rounds to accuracy from Table 1's runs
+    assert not ids("fedlap/table3", ["dataset=mnist", "partition=homo"]) & ids("fedlap/table1", ["dataset=mnist"])
     t2 = ids("fedfisher/table2", ["dataset=fmnist", "partition.alpha=0.1"])
     assert len(ids("fedfisher/table4", ["dataset=fmnist"]) & t2) == 1      # s_q = 2 = Table 2's FedFisher(Diag)
     assert len(ids("fedfisher/table5", ["dataset=fmnist"]) & t2) == 1      # s_q = 4 = Table 2's FedFisher(K-FAC)

@@ -1,4 +1,4 @@
-from fedbench.results.summaries import first_round_reaching, last_k, summarize
+from fedbench.results.summaries import first_round_reaching, history_value, last_k, summarize
 
 H = [{"round": 1, "accuracy": 30.0}, {"round": 2, "accuracy": 45.0}, {"round": 3, "accuracy": float("nan")},
      {"round": 4, "accuracy": 41.0}, {"round": 5, "accuracy": 50.0}]
@@ -47,3 +47,15 @@ def test_bad_sources_are_one_line_errors():
     for bad in ("metrics.component*_accuracy", "median(metrics.accuracy)", "metrics.", "min(metrics.a b)"):
         with pytest.raises(FedbenchError):
             parse_source(bad)
+
+
+def test_a_threshold_the_run_did_not_record_comes_from_its_history():
+    recorded = summarize(H, thresholds=[40, 45.5, 60])
+    for t in (40, 45.5, 60):   # the same value (or never) as the run would have recorded
+        key = f"first_round_accuracy_ge_{t:g}"
+        v, state = history_value(H, f"summary.{key}")
+        assert v == recorded[key] and state == ("null" if recorded[key] is None else "value")
+    assert history_value(H, "summary.first_round_nll_ge_1") == (None, "absent")          # no such column
+    assert history_value([], "summary.first_round_accuracy_ge_40") == (None, "absent")   # no history
+    for other in ("summary.last3_mean_accuracy", "metrics.accuracy", "max(summary.first_round_*)"):
+        assert history_value(H, other) == (None, "absent")

@@ -1,5 +1,6 @@
 """Collection of run records into a paper table, on synthetic records."""
 from tests.conftest import ok_record
+import json
 import math
 
 import pandas as pd
@@ -182,6 +183,27 @@ def test_fedlap_table3_rounds_to_accuracy_with_never(tmp_path):
     assert "6.33 ± 1.53 (n=3) / 6.00 / Δ +0.33" in row
     assert "never 1/3; reached: 3.50 ± 0.71 (n=2) / 4.00 |" in row          # shown, no difference taken
     assert "not run (0/3)" in row
+
+
+def test_fedlap_table3_reads_rounds_from_histories_of_runs_without_thresholds(tmp_path):
+    """Table 3's FMNIST cells from Table 1-style runs: no summary.first_round_* in the record, only the history."""
+    from fedbench.results.records import write_csv_atomic
+    out = tmp_path / "out"
+    preset = ["experiment=fedlap/table3", "profile=paper", "seed=0,1", "dataset=fmnist", "partition=homo"]
+    curves = {0: [70.0, 76.0, 77.0, 79.0], 1: [74.0, 74.5, 75.0, 77.5]}   # seed 1 never reaches 78 in 4 rounds
+
+    def rec(c):
+        return {"metrics": {"accuracy": curves[c.seed][-1]}, "summary": {"last3_mean_accuracy": 1.0},
+                "test_seed": c.seed} if c.algorithm.name == "fedavg" else None
+    _fake_records(out, preset, rec)
+    for d in (out / "runs").iterdir():
+        seed = json.loads((d / "metrics.json").read_text())["test_seed"]
+        rows = [{"round": i + 1, "accuracy": a} for i, a in enumerate(curves[seed])]
+        write_csv_atomic(d / "history.csv", rows, ["round", "accuracy"])
+    df = table_runs(preset, out)
+    avg = df[(df["algorithm"] == "fedavg") & (df["status"] == "ok")]
+    got = {(r.seed, r.threshold): (None if pd.isna(r.value) else r.value, r.never) for r in avg.itertuples()}
+    assert got == {(0, 75): (2.0, False), (0, 78): (4.0, False), (1, 75): (3.0, False), (1, 78): (None, True)}
 
 
 def test_fedbens_table8_ensemble_min_max_components(tmp_path):

@@ -34,7 +34,7 @@ from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_record_dir, load_record, publish_record,
                                       read_history, read_record, tuning_store)
-from fedbench.results.summaries import last_k, parse_source, record_value
+from fedbench.results.summaries import history_value, last_k, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
 from fedbench.config.aggregators import expand_aggregators
@@ -271,10 +271,15 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             for section in ("timing", "communication"):
                 row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
             if specs:
+                hist = None   # read once, only for a column the record's summary lacks
                 for s in specs:
                     if not s.applies(c):
                         continue
                     val, state = record_value(rec, s.value) if row["status"] == "ok" else (None, "absent")
+                    if state == "absent" and row["status"] == "ok":   # a threshold the run did not record
+                        if hist is None:
+                            hist = read_history(Path(rec["_dir"]) / "history.csv")
+                        val, state = history_value(hist, s.value)
                     val = to_paper_unit(val, s.metric, s.per_client, c.get("num_clients"))
                     rows.append({**row, "column": s.name, "metric": s.metric, **s.keys, "value": val,
                                  "never": bool(s.never and state == "null")})

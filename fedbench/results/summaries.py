@@ -81,6 +81,25 @@ def _number(v) -> Optional[float]:
     return None if math.isnan(v) else v
 
 
+_FIRST_ROUND = re.compile(r"^first_round_([A-Za-z0-9]+(?:_[A-Za-z0-9]+)*?)_ge_([0-9.eE+-]+)$")
+
+
+def history_value(history, source: str) -> Tuple[Optional[float], str]:
+    """(value, state) of a ``summary.first_round_<metric>_ge_<t>`` that the run did not record (its
+    ``eval.thresholds`` did not list t), from its round history: the same ``first_round_reaching`` the run would
+    have stored. So a rounds-to-accuracy table reads the runs of an accuracy table with the same settings (FedLap
+    Table 3 from Table 1's): ``eval.thresholds`` is part of the run identity. ("absent" for any other source.)"""
+    how, section, key = parse_source(source)
+    m = _FIRST_ROUND.match(key)
+    if how is not None or section != "summary" or not m or not history:
+        return None, "absent"
+    metric, t = m.group(1), float(m.group(2))
+    if metric not in history[0]:
+        return None, "absent"
+    r = first_round_reaching(history, t, metric)
+    return (float(r), "value") if r is not None else (None, "null")
+
+
 def record_value(record: Mapping[str, Any], source: str) -> Tuple[Optional[float], str]:
     """(value, state) of ``source`` in a run record; state is ``value``, ``null`` (the key exists without a
     number: for ``first_round_*`` summaries, the threshold was never reached) or ``absent``."""
