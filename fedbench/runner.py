@@ -102,7 +102,7 @@ def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str
 def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None,
              memory_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``execute``'s body: skip a run with an ok record, else check the config, train, write the record."""
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     out = Path(output_dir)
     # everything that can be rejected is rejected here, before the skip check and any training
     validate(cfg, launch_dir)
@@ -111,7 +111,7 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
         return skipped
     run = build_setup(cfg, launch_dir, memory_cache)
     algo = build_algorithm(config_group(cfg, "algorithm"), run.fl)
-    record = _train_and_record(cfg, out, run, algo, t_start)
+    record = _train_and_record(cfg, out, run, algo, t_start, cpu_start)
     _print_summary(cfg, record, run, out / "metrics.json")
     return record
 
@@ -130,7 +130,7 @@ def _skip(cfg: DictConfig, rec_path: Path, launch_dir: Optional[str]) -> Optiona
     return rec
 
 
-def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: float) -> Dict[str, Any]:
+def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: float, cpu_start: float) -> Dict[str, Any]:
     """Run the rounds; write the record (also of a failed run, then re-raise) and return it."""
     run_id, save_model = compute_run_id(cfg), bool(cfg.get("save_model", False))
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -164,7 +164,10 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
         raise
     finally:
         logger.finish(status)
-        timing = {"total_s": time.perf_counter() - t_start, "curvature_s": curvature_seconds() - curv_t0}
+        # cpu_s: this process's CPU seconds (all its threads) over the run; beside total_s it tells a reader whether
+        # the wall time was inflated by other load or a paused process (cpu_s / total_s well below the thread count)
+        timing = {"total_s": time.perf_counter() - t_start, "cpu_s": time.process_time() - cpu_start,
+                  "curvature_s": curvature_seconds() - curv_t0}
         record = _record(cfg, run, config, history, status, error, timing, saved, started)
         _write_record(out, record, history, final_state)
     return record
@@ -193,7 +196,8 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
                                 thresholds=list(cfg.eval.get("thresholds") or [])), **map_summary(cfg, history)},
         "cache": {"dir": cache.root and str(cache.root), "hits": cache.hits, "misses": cache.misses},
         "communication": sums["communication"],
-        "timing": {"total_s": timing["total_s"], **sums["timing"], "curvature_s": timing["curvature_s"]},
+        "timing": {"total_s": timing["total_s"], "cpu_s": timing["cpu_s"], **sums["timing"],
+                   "curvature_s": timing["curvature_s"]},
         "rounds_completed": len(history),
         "saved": saved,   # save_model=true: file names (beside this record) of the final / client weights
         "numerics": numerics.current(acfg["name"]),   # stale when the arithmetic changes (fedbench/numerics.py)

@@ -38,6 +38,7 @@ def test_end_to_end_record_history_and_skip(tmp_path):
     for key in ("total_s", "client_train_s", "server_s"):
         assert rec["timing"][key] >= 0
     assert rec["timing"]["curvature_s"] == 0.0     # FedAvg computes no curvature
+    assert 0 < rec["timing"]["cpu_s"]              # the run's own CPU seconds (a paused or starved run: << total_s)
     assert sum(rec["partition"]["client_sizes"]) == 600 and len(rec["partition"]["client_sizes"]) == 3
     assert [sum(c) for c in rec["partition"]["client_label_counts"]] == rec["partition"]["client_sizes"]
     assert rec["communication"]["uplink_bytes"] == 2 * 3 * 4 * rec["model"]["num_parameters"]
