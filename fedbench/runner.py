@@ -130,7 +130,8 @@ def _skip(cfg: DictConfig, rec_path: Path, launch_dir: Optional[str]) -> Optiona
     return rec
 
 
-def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: float, cpu_start: float) -> Dict[str, Any]:
+def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: float,
+                      cpu_start: float) -> Dict[str, Any]:
     """Run the rounds; write the record (also of a failed run, then re-raise) and return it."""
     run_id, save_model = compute_run_id(cfg), bool(cfg.get("save_model", False))
     config = OmegaConf.to_container(cfg, resolve=True)
