@@ -239,3 +239,16 @@ def test_swept_hp_keys_reach_a_method(preset):
         swept = {k[len("hp."):] for k in keys if k.startswith("hp.")} & read_by_preset
         lost = swept - used(ovs) if swept else set()
         assert not lost, f"{preset}: {ovs} sets hp.{', hp.'.join(sorted(lost))} but none of its runs reads it"
+
+
+def test_a_fixed_value_outside_an_axis_is_refused_and_choice_replaces_the_axis():
+    """`local.epochs=1` where every FMNIST block sweeps [5] selects no run: one clear line that names the fix;
+    `local.epochs=choice(1)` replaces the axis (the same runs, one epoch)."""
+    from fedbench.errors import FedbenchError
+    from fedbench.report.tables import preset_meta
+
+    base = ["experiment=fedlap/table1", "profile=paper", "dataset=fmnist", "partition=homo", "num_clients=10"]
+    with pytest.raises(FedbenchError, match=r"no run matches .*choice\(1\)"):
+        preset_meta(base + ["local.epochs=1"])
+    five, one = expand_sweep(base), expand_sweep(base + ["local.epochs=choice(1)"])
+    assert len(one) == len(five) == 3 and all("local.epochs=1" in r for r in one)

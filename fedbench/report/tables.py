@@ -664,7 +664,8 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
 
 
 _EMPTY = ("no run matches these overrides: a fixed value outside a preset axis removes every block "
-          "(e.g. local.epochs=1 where the profile sweeps [2]); sweep it instead (local.epochs=1,2) or pick one of its values")
+          "(e.g. local.epochs=1 where the block sweeps [5]); replace the axis with a sweep instead, of one value "
+          "('local.epochs=choice(1)') or several (local.epochs=1,5), or pick one of its values")
 
 
 def check_table_suffix(suffix: Optional[str]) -> None:
