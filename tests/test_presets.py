@@ -239,6 +239,26 @@ def test_swept_hp_keys_reach_a_method(preset):
         swept = {k[len("hp."):] for k in keys if k.startswith("hp.")} & read_by_preset
         lost = swept - used(ovs) if swept else set()
         assert not lost, f"{preset}: {ovs} sets hp.{', hp.'.join(sorted(lost))} but none of its runs reads it"
+        _check_tuning_grids_reach_entries(preset, ovs)
+
+
+def _check_tuning_grids_reach_entries(preset, ovs):
+    """``tuning=on``: an ``hp.<key>`` in a method's grid must be interpolated by that method's aggregator entry in this
+    block (the runtime check, fedbench.launch.tuning.check_grid_reaches_runs, composes every task; this is its cheap
+    static twin over every preset and block)."""
+    from fedbench.config.tuning import method_grids, parse_tuning
+
+    cfg = composed(tuple(ovs))
+    table = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
+    if not table.get("tuning") or not cfg.get("aggregators"):
+        return
+    grids = method_grids(parse_tuning(table), OmegaConf.to_container(cfg, resolve=True))
+    for entry in OmegaConf.to_container(cfg.aggregators, resolve=False):
+        name = entry if isinstance(entry, str) else entry["name"]
+        reads = _references_to_hp(entry, set())
+        idle = {k[len("hp."):] for k in grids.get(name, {}) if k.startswith("hp.")} - reads
+        assert not idle, (f"{preset}: {ovs}: the tuning grid of {name} sets hp.{', hp.'.join(sorted(idle))}, "
+                          f"which its entry {entry!r} does not read")
 
 
 def test_a_fixed_value_outside_an_axis_is_refused_and_choice_replaces_the_axis():
