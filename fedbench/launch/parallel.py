@@ -31,7 +31,9 @@ from fedbench.launch.sweep import compose_run
 # at once took 76.5 s / 115.5 s against 377.2 s / 386.7 s for one 2-thread job at a time (3.4-4.9x); one
 # 1-thread job at a time took 145.1 s against 175.5 s for two (load average ~13 then: no gain measurable).
 # Quiet, the same machine (4 runs on all 60k samples, 2 epochs): 1 job x 1 thread 52.0 s, 1 job x 2 threads 36.5 s,
-# 2 jobs x 1 thread 29.9 s.
+# 2 jobs x 1 thread 29.9 s. Quiet again (session 10): 56.0 / 40.6 / 30.8 s (1.82x); the two jobs' runs took 0.99x the
+# run seconds of one at a time (no contention), and all of the loss was outside the runs (13.7 job-s of worker
+# start-up, imports and data loading against 7.7 s).
 DEFAULT_THREADS_PER_JOB = 1
 STATUS_DIR_ENV = "FEDBENCH_SWEEP_STATUS_DIR"
 
