@@ -14,8 +14,8 @@ a user sees it), ``cache=false``, into a fresh temporary output folder:
   par  - cores // t jobs at once with t threads each (t = --parallel-threads; the default ``hardware.jobs=auto``).
 Prints wall times and the ratios one / par and wide / par, and where the parallel sweep loses against a perfect
 ``jobs``x: its runs' own seconds (from the records) against one at a time (contention for memory and caches), and
-the job-seconds outside the runs (start-up, imports, data loading, idle jobs at the end); never a pass/fail. On a shared machine other work skews
-every number: rerun, and compare on the same machine.
+the job-seconds outside the runs (start-up, imports, data loading, idle jobs at the end); never a pass/fail. On a
+shared machine other work skews every number: rerun, and compare on the same machine.
 """
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     res = {k: time_sweep(ovs, *configs[k]) for k in order}
     for k in [k for k in ("one", "wide") if k in res]:
         j, th = configs[k]
-        print(f"ratio: (1 job x {th} thread(s)) / ({jobs} jobs x {t} thread(s)) = {res[k]['wall'] / res['par']['wall']:.2f}x")
+        ratio = res[k]["wall"] / res["par"]["wall"]
+        print(f"ratio: (1 job x {th} thread(s)) / ({jobs} jobs x {t} thread(s)) = {ratio:.2f}x")
     one, par = res["one"], res["par"]
     if jobs > 1 and one["in_runs"] > 0:
         # where the parallel sweep loses against jobs x: runs slowed by sharing the machine (memory bandwidth,

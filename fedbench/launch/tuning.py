@@ -27,7 +27,7 @@ from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grid
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import expand_sweep
-from fedbench.results.records import (compute_run_id, find_record_dir, read_record, tuning_store,
+from fedbench.results.records import (compute_run_id, find_record_dir, identity_config, read_record, tuning_store,
                                       write_json_atomic)
 from fedbench.runner import execute
 
@@ -76,9 +76,9 @@ def tuning_tasks(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> Tuple[T
 
 
 def run_settings(cfg: DictConfig) -> Dict[str, Any]:
-    """What a run does: its resolved config without ``hp``, which only holds values for interpolations (hp is part of
-    the run identity, so two runs that differ only in an hp value nothing reads have different ids yet train alike)."""
-    return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hp"}
+    """What a run computes: its run identity without ``hp``, which only holds values for interpolations (hp is part of
+    the identity, so two runs that differ only in an hp value nothing reads have different ids yet train alike)."""
+    return {k: v for k, v in identity_config(cfg).items() if k != "hp"}
 
 
 def check_grid_reaches_runs(task: Task, spec: TuningSpec, conf_dir: Path = CONF_DIR) -> None:
@@ -94,8 +94,8 @@ def check_grid_reaches_runs(task: Task, spec: TuningSpec, conf_dir: Path = CONF_
         if len(values) < 2:
             continue
         moved = selection_config(task, spec, {**first, key: values[1]}, conf_dir)
-        # idle: the same run id (a key outside the run identity), or a new id for the same training (hp only)
-        if compute_run_id(moved) == compute_run_id(base) or run_settings(moved) == run_settings(base):
+        # idle: a key outside the run identity (progress, hardware), or an hp value no setting reads
+        if run_settings(moved) == run_settings(base):
             hint = ("an aggregator entry's own value wins over an override of the cell: tune algorithm.<option>"
                     if not key.startswith("hp.") else
                     f"no setting of {task.method}'s run reads ${{{key}}}: its aggregators entry must interpolate it")

@@ -696,7 +696,7 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     if not meta:
         raise FedbenchError("collect needs an experiment preset (experiment=<paper>/<table>)")
     metric = metric or meta.get("metric") or "accuracy"
-    check_metric(df, metric, meta.get("rows") or [])   # a misspelt metric fails before anything is published or overwritten
+    check_metric(df, metric, meta.get("rows") or [])   # a misspelt metric fails before anything is written
     profile = str(df["profile"].iloc[0]) if len(df) else "paper"
     name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}") + \
         (f"_{suffix}" if suffix else "")
