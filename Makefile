@@ -17,9 +17,11 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(PY) run.py $(ARGS)
 
-# CI subset: everything but the long real-data checks (marked slow). pytest's "no tests" (5) is not a failure.
+# CI subset: everything but the long real-data checks (marked slow), one pytest-xdist worker per core
+# (TEST_JOBS=0 runs in one process). pytest's "no tests" (5) is not a failure.
+TEST_JOBS ?= auto
 test: install lint
-	$(PY) -m pytest -m "not slow" -q $(ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m "not slow" -q -n $(TEST_JOBS) $(ARGS) || [ $$? -eq 5 ]
 
 # Lint (rule set in pyproject.toml); `make format FILES="fedbench/x.py"` formats the files you touch.
 lint: install
@@ -30,7 +32,7 @@ format: install
 	$(VENV)/bin/ruff format $(FILES)
 
 test-all: install
-	$(PY) -m pytest -q $(ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -n $(TEST_JOBS) $(ARGS) || [ $$? -eq 5 ]
 
 # Speed on this machine, ratios only (never pass/fail): training GFLOP/s against a measured peak (contiguous vs
 # channels-last vs torch.compile step, compile time printed); serial vs serial channels-last vs batched

@@ -1,10 +1,17 @@
 """Shared test fixtures."""
+import os
+
 import pytest
 import torch
 
 from fedbench.papers import load_papers
 
 load_papers()   # the entry point every script calls: the papers' row keys, labels, plots and studies into report
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one xdist worker per core: one torch thread each, so workers do not oversubscribe the cores
+    # (tests that need more threads set them and restore them).
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
