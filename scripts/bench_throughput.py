@@ -11,7 +11,8 @@ model and batch, ``hardware.memory_format=channels_last``) and, with --compile, 
 forward + backward + SGD step). Each repeat round times every variant and the peak matmul back to back, so the
 % of peak of a round uses a peak measured under the same load; the table shows medians over --repeats rounds.
 FLOPs are counted by torch.utils.flop_counter on one step (matmuls and convolutions, forward and backward), so the
-ratio is what the arithmetic needs over what the machine can do; prints numbers, never pass/fail.
+ratio is what the arithmetic needs over what the machine can do; prints numbers, never pass/fail. A last table
+prints the ceiling the layer shapes allow: the step's products timed as plain matmuls of the same shapes.
 """
 from __future__ import annotations
 
@@ -69,6 +70,46 @@ def make_step(name: str, batch: int, variant: str):
     return compiled, time.perf_counter() - t0
 
 
+def gemm_shapes(name: str, batch: int):
+    """The matrix products a training step's convolutions and linear layers amount to (im2col form), as
+    (label, M, K, N): forward out[M, N] = in[M, K] · W[K, N], weight gradient (N×M)·(M×K), input gradient (M×N)·(N×K)
+    except for the first layer (its input needs no gradient)."""
+    model = build_model(name, input_shape=SHAPES[name], num_classes=10)
+    shapes, first = [], [True]
+
+    def hook(mod, inp, out):
+        if isinstance(mod, torch.nn.Conv2d):
+            m, k, n = out.shape[0] * out.shape[2] * out.shape[3], inp[0].shape[1] * mod.weight[0, 0].numel(), out.shape[1]
+        else:
+            m, k, n = inp[0].numel() // inp[0].shape[-1], inp[0].shape[-1], out.shape[-1]
+        shapes.append((f"{mod._fb_name} fwd", m, k, n))
+        shapes.append((f"{mod._fb_name} dW", n, m, k))
+        if not first[0]:
+            shapes.append((f"{mod._fb_name} dX", m, n, k))
+        first[0] = False
+
+    for mname, mod in model.named_modules():
+        if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+            mod._fb_name = mname
+            mod.register_forward_hook(hook)
+    with torch.no_grad():
+        model(torch.randn(batch, *SHAPES[name]))
+    return shapes
+
+
+def gemm_ceiling(name: str, batch: int, repeats: int = 20):
+    """(GFLOP, seconds in the default orientation, seconds in the faster of C = A·B and Cᵀ = Bᵀ·Aᵀ) of the step's
+    products as plain contiguous matmuls: the rate a step could reach if its arithmetic were all it cost."""
+    flop = plain = best = 0.0
+    for _, m, k, n in gemm_shapes(name, batch):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        at, bt = torch.randn(n, k), torch.randn(k, m)
+        t_ab = min(_timed(lambda: [a @ b for _ in range(repeats)]) for _ in range(3)) / repeats
+        t_ba = min(_timed(lambda: [at @ bt for _ in range(repeats)]) for _ in range(3)) / repeats
+        flop, plain, best = flop + 2 * m * k * n, plain + t_ab, best + min(t_ab, t_ba)
+    return flop / 1e9, plain, best
+
+
 def step_gflop(name: str, batch: int) -> float:
     step, _ = make_step(name, batch, "contiguous")
     with FlopCounterMode(display=False) as counter:
@@ -110,6 +151,14 @@ def main(argv=None) -> int:
         ach = statistics.median(r)
         print(f"| {m} | {args.batch_size} | {v} | {gflop[m]:.4f} | {1e3 * gflop[m] / ach:.2f} | {ach:.1f} | "
               f"{pct:.0f} % | {compile_s[m, v]:.0f} |")
+    # The ceiling: the same FLOPs as plain matmuls of the layers' shapes (no im2col, pooling, activations, loss,
+    # optimizer or dispatch). Small channel counts (LeNet's conv1: K = 25, N = 6) run far below the square matmul.
+    print("| model | batch | products as matmuls, default orientation: % of peak | best orientation: % of peak |")
+    print("|---|---|---|---|")
+    peak = statistics.median(peaks)
+    for m in models:
+        g, plain, best = gemm_ceiling(m, args.batch_size)
+        print(f"| {m} | {args.batch_size} | {100 * g / plain / peak:.0f} % | {100 * g / best / peak:.0f} % |")
     for m in models:
         base = statistics.median(rates[m, "contiguous"])
         print(f"{m}: " + ", ".join(f"{v} {statistics.median(rates[m, v]) / base:.2f}x" for v in variants[1:])
