@@ -118,9 +118,6 @@ def _check_tensors(name: str, payload: dict, where: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 def _idx_set(name: str, folder: str, tv_cls_name: str, root: Path, mirror: Optional[Path],
              download: bool) -> FedDataset:
-    import torchvision.datasets as tvd
-
-    tv_cls = getattr(tvd, tv_cls_name)
     raw = root / folder / "raw"
     shas = IDX_SHA256[folder]
     paths = [raw / f for f in shas]
@@ -130,6 +127,10 @@ def _idx_set(name: str, folder: str, tv_cls_name: str, root: Path, mirror: Optio
         cached = load_cache(root, name, signature(paths))
         if cached is not None:
             return _dataset(name, cached)
+    # torchvision only past the tensor cache: importing it costs ~1-2 s, a large part of a sweep worker's start-up
+    import torchvision.datasets as tvd
+
+    tv_cls = getattr(tvd, tv_cls_name)
     for f, sha in shas.items():
         dst = raw / f
         if dst.exists():
