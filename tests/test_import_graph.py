@@ -48,7 +48,7 @@ LAYERS: List[Tuple[str, ...]] = [
 # third-party packages that may be imported inside a function: optional, or heavy enough to keep off the
 # start-up path of the torch-free modules (config, launch, records) and of the CLI
 LAZY_PACKAGES = {"matplotlib", "wandb", "submitit", "torch", "torchvision", "PIL", "ot", "curvlinops", "sklearn",
-                 "pandas", "joblib", "threadpoolctl", "hydra", "tqdm"}
+                 "pandas", "scipy", "joblib", "threadpoolctl", "hydra", "tqdm"}
 
 
 def module_files() -> Dict[str, Path]:

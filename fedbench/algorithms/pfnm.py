@@ -38,7 +38,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message
@@ -65,6 +64,8 @@ def _match_one(Xn: np.ndarray, gw: np.ndarray, gs: np.ndarray, s_layer: np.ndarr
     nonparam = (((Xn + prior_norm) ** 2) / (s_prior + s_layer)).sum(1) - ((prior_norm ** 2) / s_prior).sum()
     nonparam = nonparam[:, None] - 2.0 * np.log(np.arange(1, max_added + 1))[None, :] + 2.0 * np.log(gamma / J)
     full = np.hstack([param, nonparam])
+    from scipy.optimize import linear_sum_assignment   # here, not at import: scipy.optimize costs every run ~0.4 s
+
     row, col = linear_sum_assignment(-full)
     assign = [0] * Lj
     new_rows_w, new_rows_s = [], []
