@@ -183,6 +183,20 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS_LEFT = {"fedbench.curvature.compute._compute"}
 
 
+def test_a_run_does_not_import_the_heavy_optional_packages():
+    """Every sweep worker imports the runner: scipy (PFNM's matching), pandas (UCI/FLamby parsing) and torchvision
+    (a data set's first load) stay where they are used, which saves each worker ~1-3 s of start-up."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fedbench.runner, fedbench.launch.jobs\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'pandas', 'torchvision', "
+            "'matplotlib', 'sklearn'})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent)
+    assert out.stdout.strip() == "", f"imported at start-up: {out.stdout.strip()}"
+
+
 def test_functions_are_short(graph):
     long = []
     for module, path in graph[0].items():

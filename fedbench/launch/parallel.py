@@ -33,7 +33,8 @@ from fedbench.launch.sweep import compose_run
 # Quiet, the same machine (4 runs on all 60k samples, 2 epochs): 1 job x 1 thread 52.0 s, 1 job x 2 threads 36.5 s,
 # 2 jobs x 1 thread 29.9 s. Quiet again (session 10): 56.0 / 40.6 / 30.8 s (1.82x); the two jobs' runs took 0.99x the
 # run seconds of one at a time (no contention), and all of the loss was outside the runs (13.7 job-s of worker
-# start-up, imports and data loading against 7.7 s).
+# start-up, imports and data loading against 7.7 s). Session 11, after a run stopped importing torchvision, scipy and
+# pandas: 51.4 / 45.5 / 29.1 s (1.77x); outside the runs 10.1 job-s in parallel against 5.4 s one at a time.
 DEFAULT_THREADS_PER_JOB = 1
 STATUS_DIR_ENV = "FEDBENCH_SWEEP_STATUS_DIR"
 
