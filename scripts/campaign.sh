@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The reproduction campaign's long runs: the commands behind the committed records (results/records/), step by step in
+# the order of results/campaign.yaml. Resumable: a run whose complete, current record is in outputs/ or
+# results/records/ is skipped, so on a fresh machine a step trains only what is missing.
+#
+#   bash scripts/campaign.sh --list                                   # the steps, in order, with what they run
+#   nohup bash scripts/campaign.sh fedbens_table1_fmnist >> campaign.log 2>&1 &     # one step (or several)
+#   bash scripts/campaign.sh --collect fedbens_table1_fmnist          # publish its finished records, write its tables
+#   make tables                                                       # then every table and the scoreboard
+#
+# Each run uses one thread and one job at a time (two steps side by side fill a 2-core machine); CAMPAIGN_HW replaces
+# those hardware overrides (e.g. CAMPAIGN_HW="hardware=cuda"). PYTHON defaults to .venv/bin/python.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+HW=${CAMPAIGN_HW:-hardware=cpu hardware.num_threads=1 hardware.jobs=1 progress=false}
+COLLECT=""
+
+run() {
+    [ -n "$COLLECT" ] && return   # --collect: only the step's table lines
+    echo "=== $(date +%T) $*"
+    # shellcheck disable=SC2086
+    $PY scripts/reproduce.py "$@" $HW
+    echo "=== rc=$? $(date +%T)"
+}
+
+table() {   # a step's tables (the collect calls in results/collections.yaml): publish its finished records into
+            # results/records/ and write the tables
+    [ -z "$COLLECT" ] && return
+    local key="$*"
+    [ -n "${COLLECTED[$key]:-}" ] && return   # several steps feed one table: collect it once
+    COLLECTED[$key]=1
+    $PY scripts/reproduce.py --collect-only "$@"
+}
+declare -A COLLECTED
+
+# Aggregator lists that leave out what cannot run here: DENSE at the papers' 200 synthesis epochs needs a GPU
+# (results/campaign.yaml); FedLap-Func's 5000 server steps a round are left out of the raw-pixel readings.
+FEDFISHER='aggregators=[fedavg,fedfisher_diag,fedfisher_kfac,fisher_merge,regmean,{name:otfusion,align_last_layer:true},pfnm]'
+FEDLPA='aggregators=[fedlpa,fedavg,fednova,scaffold,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
+FEDLPA_CG='aggregators=[fedlpa,{name:fedlpa,solver:cg},fedavg,fednova,scaffold,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
+FEDBENS='aggregators=[fedbens,fedbens_diag_full,fedfisher_kfac,regmean,{name:otfusion,align_last_layer:true},fisher_merge]'
+NOFUNC='aggregators=[fedavg,{name:fedprox,mu:${hp.prox},scale:sum},{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:${hp.dyn_wd}},{name:fedlap,delta:${hp.delta},rho:${hp.rho}},{name:fedlap_cov,delta:${hp.delta}}]'
+RAW='dataset.normalize={mean:[0.0],std:[0.00392156862745098]}'   # gaps.md#fedlap-table1: inputs in [0, 255]
+LPA_PARTITIONS=('beta=0.01' 'beta=0.05' 'beta=0.1' 'beta=0.3' 'beta=0.5' 'beta=1.0' '#C=1' '#C=2' '#C=3')
+
+step_fedlap_table1_tabular() {   # UCI Credit, FLamby-Heart (fixed picks, then tuned on App. E's grids); Table 4
+    run experiment=fedlap/table1 profile=paper dataset=uci_credit
+    run experiment=fedlap/table1 profile=paper dataset=flamby_heart
+    run experiment=fedlap/table1 profile=paper tuning=on dataset=flamby_heart
+    run experiment=fedlap/table4 profile=paper
+    table experiment=fedlap/table1 profile=paper
+    table experiment=fedlap/table1 profile=paper tuning=on dataset=flamby_heart
+    table experiment=fedlap/table4 profile=paper
+}
+step_fedlap_table1_fmnist() {    # FMNIST 10 %, 10 clients, both splits (Tables 2, 3, 5 read these runs)
+    run experiment=fedlap/table1 profile=paper dataset=fmnist partition=homo,size_class_dirichlet num_clients=10
+    table experiment=fedlap/table1 profile=paper
+    table experiment=fedlap/table2 profile=paper
+    table experiment=fedlap/table3 profile=paper
+    table experiment=fedlap/table5 profile=paper
+}
+step_fedlap_table1_fmnist_rawpixels() {   # gaps.md#fedlap-table1 and #fedlap-table3: raw pixels, then 1 local epoch
+    run --name rawpixels experiment=fedlap/table1 profile=paper dataset=fmnist partition=homo,size_class_dirichlet \
+        num_clients=10 "$NOFUNC" "$RAW"
+    run --name rawpixels_e1 experiment=fedlap/table1 profile=paper dataset=fmnist \
+        partition=homo,size_class_dirichlet num_clients=10 "$NOFUNC" "$RAW" "local.epochs=choice(1)"
+    local fm=(profile=paper dataset=fmnist partition=homo,size_class_dirichlet num_clients=10 "$NOFUNC" "$RAW")
+    table --name rawpixels experiment=fedlap/table1 "${fm[@]}"
+    table --name rawpixels experiment=fedlap/table3 "${fm[@]}"
+    table --name rawpixels_e1 experiment=fedlap/table1 "${fm[@]}" "local.epochs=choice(1)"
+    table --name rawpixels_e1 experiment=fedlap/table3 "${fm[@]}" "local.epochs=choice(1)"
+}
+step_fedlap_table1_mnist() {     # MNIST homogeneous (20 rounds) and heterogeneous (50 rounds)
+    run experiment=fedlap/table1 profile=paper dataset=mnist partition=homo
+    run experiment=fedlap/table1 profile=paper dataset=mnist partition=size_class_dirichlet
+    table experiment=fedlap/table1 profile=paper
+    table experiment=fedlap/table2 profile=paper
+    table experiment=fedlap/table3 profile=paper
+    table experiment=fedlap/table5 profile=paper
+}
+step_fedlap_table3_mnist_homog() {   # Table 3's own 50-round MNIST homogeneous runs (Table 1's row has 20 rounds)
+    run experiment=fedlap/table3 profile=paper dataset=mnist partition=homo
+    table experiment=fedlap/table3 profile=paper
+}
+step_fedlap_figure1() {
+    run experiment=fedlap/figure1 profile=paper
+    table experiment=fedlap/figure1 profile=paper
+}
+step_fedfisher_fmnist() {        # Tables 2, 4, 5 (4 and 5 reuse Table 2's cached clients) and Fig. 1a
+    run experiment=fedfisher/table2 profile=paper dataset=fmnist "$FEDFISHER"
+    run experiment=fedfisher/table4 profile=paper dataset=fmnist
+    run experiment=fedfisher/table5 profile=paper dataset=fmnist
+    for s in 0 10 20 30 40; do
+        for w in 16 32 64 128 256 512 1024; do
+            run experiment=fedfisher/figure1a profile=paper model.width=$w "seed=range($s,$((s + 10)))"
+        done
+    done
+    table experiment=fedfisher/table2 profile=paper
+    table experiment=fedfisher/table4 profile=paper
+    table experiment=fedfisher/table5 profile=paper
+    table experiment=fedfisher/figure1a profile=paper
+}
+step_fedlpa_table6_fmnist() {    # 9 partitions x 3 seeds, one partition and seed per call (each a few CPU minutes)
+    for seed in 0 1 2; do
+        for p in "${LPA_PARTITIONS[@]}"; do
+            run experiment=fedlpa/table6 profile=paper dataset=fmnist "partition.spec='$p'" "$FEDLPA" seed=$seed
+        done
+    done
+    table experiment=fedlpa/table6 profile=paper dataset=fmnist "$FEDLPA"
+}
+step_fedlpa_table6_fmnist_tuned() {   # FedProx's mu chosen on validation (gaps.md#fedlpa-table6)
+    run experiment=fedlpa/table6 profile=paper dataset=fmnist tuning=on 'aggregators=[fedavg,fedprox]'
+    table experiment=fedlpa/table6 profile=paper dataset=fmnist tuning=on 'aggregators=[fedavg,fedprox]'
+}
+step_fedlpa_table5_fmnist() {
+    for b in 0.01 0.05 0.1 0.3 0.5 1.0; do
+        run experiment=fedlpa/table5 profile=paper dataset=fmnist "partition.spec='beta=$b'" "$FEDLPA_CG"
+    done
+    table experiment=fedlpa/table5 profile=paper
+}
+step_fedbens_table1_fmnist() {   # 4 alpha x 5 seeds (Tables 3 and 8 read these runs)
+    for a in 0.1 0.4 0.05 0.2; do
+        run experiment=fedbens/table1 profile=paper dataset=fmnist partition.alpha=$a "$FEDBENS"
+    done
+    table experiment=fedbens/table1 profile=paper dataset=fmnist
+}
+step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
+    for n in 10 5 20 50 100; do
+        run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
+    done
+    table experiment=fola/figure5 profile=paper tuning=on num_clients=10
+}
+
+STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
+       fedbens_table1_fmnist fedlpa_table5_fmnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
+       fola_figure5 fedlap_table3_mnist_homog)
+
+usage() {
+    echo "usage: bash scripts/campaign.sh [--collect] STEP... | all | --list" >&2
+    echo "steps: ${STEPS[*]}" >&2
+}
+
+[ $# -eq 0 ] && { usage; exit 2; }
+if [ "$1" = "--list" ]; then
+    for s in "${STEPS[@]}"; do
+        echo "$s:"
+        declare -f "step_$s" | sed -n '3,$p' | sed '$d' | sed 's/^ */    /'
+    done
+    exit 0
+fi
+if [ "$1" = "--collect" ]; then
+    COLLECT=1
+    shift
+fi
+[ "${1:-}" = "all" ] && set -- "${STEPS[@]}"
+for s in "$@"; do   # every name is checked before anything runs
+    declare -F "step_$s" > /dev/null || { echo "campaign.sh: error: unknown step '$s'" >&2; usage; exit 2; }
+done
+for s in "$@"; do
+    "step_$s"
+done
