@@ -1,6 +1,6 @@
 """scripts/campaign.sh: the commands behind the committed records stay runnable as presets change. Each command the
 script would run (printed with PYTHON=echo) must pass the scripts' pre-flight, expand to at least one run and name
-only known methods; each table it writes must be a committed collection."""
+only known methods; a table it writes must not redefine a committed collection."""
 import subprocess
 from pathlib import Path
 
