@@ -69,7 +69,11 @@ def main(argv=None) -> int:
             missing = missing_methods(args.overrides)
             if missing and not args.allow_missing:
                 why = f"; {meta['missing']}" if meta.get("missing") else ""
-                raise FedbenchError(f"methods not implemented yet: {', '.join(missing)}{why} "
+                from fedbench.config import CONF_DIR
+                from fedbench.config.validate import did_you_mean
+                known = [p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml")]
+                hints = "".join(did_you_mean(m, known) for m in missing)
+                raise FedbenchError(f"methods not implemented yet: {', '.join(missing)}{why}{hints} "
                                     "(rerun with --allow-missing to run the other columns)")
             if missing:
                 print(f"fedbench: WARNING: skipping unimplemented methods: {', '.join(missing)}", file=sys.stderr)

@@ -93,6 +93,8 @@ def test_aggregator_list_reuses_clients_one_record_each(tmp_path):
     assert "skipped" in p.stdout
     p = run(SMALL + ["rounds=1", "aggregators=[fedavg,nosuchalg]"], tmp_path, expect=2)
     assert "not implemented yet" in p.stderr and "nosuchalg" in p.stderr
+    p = run(SMALL + ["rounds=1", "aggregators=[fedavg,fednoav]"], tmp_path, expect=2)   # a typo gets a suggestion
+    assert "did you mean 'fednova'?" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 def test_curvature_time_is_recorded(tmp_path):

@@ -3,6 +3,7 @@ their YAML defaults, profiles, devices and paths. Raises a one-line ``FedbenchEr
 value and what is allowed. Checks that need data or torch (registries, CUDA device count) stay in the runner."""
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -276,6 +277,12 @@ def check_normalize(value) -> None:
     _fail("dataset.normalize", value, "true, false or {mean: [...], std: [...]} with one positive std per channel")
 
 
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """'; did you mean 'x'?' for a name one typo away from an option (a misspelt method reads as a missing one)."""
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def _yaml_default(group: str, choice: Optional[str], name: Optional[str], conf_dir: Path) -> Optional[dict]:
     """The group option's YAML (by the composed choice, else by a file named like ``name``); None if unknown."""
     for stem in (choice, name):
@@ -354,7 +361,7 @@ def check_aggregators(aggs: Any, conf_dir: Path, allow_missing: bool = False) ->
             continue
         if default is None:
             raise FedbenchError(f"aggregators: algorithm '{name}' is not implemented yet (no conf/algorithm/"
-                                f"{name}.yaml); available: {', '.join(options)}")
+                                f"{name}.yaml){did_you_mean(name, options)}; available: {', '.join(options)}")
         if isinstance(entry, Mapping):
             label = f"aggregators entry '{name}'"
             extra = {k: v for k, v in entry.items() if k != "name"}
