@@ -5,6 +5,7 @@
 #
 #   bash scripts/campaign.sh --list                                   # the steps, in order, with what they run
 #   nohup bash scripts/campaign.sh fedbens_table1_fmnist >> campaign.log 2>&1 &     # one step (or several)
+#   bash scripts/campaign.sh --status fedbens_table1_fmnist           # runs done / to do per command (trains nothing)
 #   bash scripts/campaign.sh --collect fedbens_table1_fmnist          # publish its finished records, write its tables
 #   make tables                                                       # then every table and the scoreboard
 #
@@ -17,9 +18,14 @@ PY=${PYTHON:-.venv/bin/python}
 # run is the same run as a CPU one; the record's config keeps the setting). Records before session 11 ran contiguous.
 HW=${CAMPAIGN_HW:-hardware=cpu hardware.num_threads=1 hardware.jobs=1 hardware.memory_format=channels_last progress=false}
 COLLECT=""
+STATUS=""
 
 run() {
     [ -n "$COLLECT" ] && return   # --collect: only the step's table lines
+    if [ -n "$STATUS" ]; then     # --status: what is done and still to do, nothing trained
+        echo "$* :: $($PY scripts/reproduce.py --dry-run "$@" 2>&1 | tail -1)"
+        return
+    fi
     echo "=== $(date +%T) $*"
     # shellcheck disable=SC2086
     $PY scripts/reproduce.py "$@" $HW
@@ -143,7 +149,7 @@ STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels
        fola_figure5 fedlap_table3_mnist_homog)
 
 usage() {
-    echo "usage: bash scripts/campaign.sh [--collect] STEP... | all | --list" >&2
+    echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
     echo "steps: ${STEPS[*]}" >&2
 }
 
@@ -157,6 +163,9 @@ if [ "$1" = "--list" ]; then
 fi
 if [ "$1" = "--collect" ]; then
     COLLECT=1
+    shift
+elif [ "$1" = "--status" ]; then
+    STATUS=1
     shift
 fi
 [ "${1:-}" = "all" ] && set -- "${STEPS[@]}"

@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-missing", action="store_true",
                     help="run the table without methods that are not implemented yet (they are listed)")
     ap.add_argument("--collect-only", action="store_true")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print how many runs are done and still to do (tuning=on: selection runs and methods), "
+                         "train nothing and write no table")
     ap.add_argument("--parallel", type=int, default=None, metavar="N",
                     help="runs at once (default: hardware.jobs, auto = cores // hardware.num_threads; 1 on CUDA)")
     ap.add_argument("--metric", default=None,
@@ -60,6 +63,8 @@ def main(argv=None) -> int:
             return 0
         meta = preset_meta(args.overrides)   # bad table / figure declarations fail before any training
         from fedbench.config.tuning import tuning_on
+        if args.dry_run:
+            return dry_run(args.overrides)
         if tuning_on(args.overrides) and not args.collect_only:   # grids on a validation split, then final runs
             from fedbench.launch.tuning import run_tuning
             t0 = time.time()
@@ -106,6 +111,22 @@ def main(argv=None) -> int:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2
     return 1 if failed else 0   # the table is still written from the runs that finished
+
+
+def dry_run(overrides) -> int:
+    """``--dry-run``: the plan of a reproduce call, one line, nothing trained or written."""
+    from fedbench.config.tuning import tuning_on
+    from fedbench.launch.sweep import plan
+
+    if tuning_on(overrides):
+        from fedbench.launch.tuning import tuning_plan
+        p = tuning_plan(overrides, os.getcwd())
+        print(f"dry run: tuning {p['selection_done']}/{p['selection_runs']} selection run(s) done, "
+              f"{p['tasks_done']}/{p['tasks']} (cell, method) task(s) finished")
+        return 0
+    todo, done = plan(overrides, os.getcwd())
+    print(f"dry run: {len(done)}/{len(todo) + len(done)} run(s) done, {len(todo)} to do")
+    return 0
 
 
 def regenerate_all() -> int:

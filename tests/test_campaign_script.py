@@ -38,6 +38,14 @@ def test_every_step_prints_commands():
         assert campaign_commands("--collect", name), f"step {name} writes no table"
 
 
+def test_status_asks_for_a_dry_run_of_every_command():
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "campaign.sh"), "--status", "fedlap_table1_mnist"],
+                         env={"PYTHON": "echo", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.splitlines()
+    assert out == [f"experiment=fedlap/table1 profile=paper dataset=mnist partition={p} :: scripts/reproduce.py --dry-run "
+                   f"experiment=fedlap/table1 profile=paper dataset=mnist partition={p}" for p in ("homo", "size_class_dirichlet")]
+
+
 def test_an_unknown_step_is_refused_before_anything_runs():
     p = subprocess.run(["bash", str(ROOT / "scripts" / "campaign.sh"), "fedlap_figure1", "nope"],
                        env={"PYTHON": "echo", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, cwd=ROOT)

@@ -236,3 +236,27 @@ def test_tuning_keys_leave_run_ids_unchanged():
 def test_parse_tuning_defaults():
     spec = parse_tuning({"tuning": {"grids": [{"methods": {"fedavg": {"local.epochs": [1, 2]}}}]}})
     assert spec.protocol() == {"val_fraction": 0.2, "val_seed": 0, "metric": "accuracy", "at_round": None, "select": {}}
+
+
+def test_dry_run_counts_what_tuning_and_a_sweep_still_have_to_train(tmp_path, capsys, one_thread):
+    import importlib.util
+    from pathlib import Path
+
+    from fedbench.launch.tuning import tuning_plan
+
+    out = [f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={tmp_path / 'data'}"]
+    before = tuning_plan(TINY + out + ["tuning=on"], str(tmp_path))
+    assert before == {"tasks": 1, "tasks_done": 0, "selection_runs": 2, "selection_done": 0}
+    _tune(tmp_path, "out")
+    made = sorted((tmp_path / "out" / "runs").glob("*/metrics.json"))
+    after = tuning_plan(TINY + out + ["tuning=on"], str(tmp_path))
+    assert after == {"tasks": 1, "tasks_done": 1, "selection_runs": 2, "selection_done": 2}
+    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    capsys.readouterr()
+    assert mod.main(["--dry-run", *TINY, *out, "tuning=on"]) == 0
+    assert capsys.readouterr().out.strip() == "dry run: tuning 2/2 selection run(s) done, 1/1 (cell, method) task(s) finished"
+    assert mod.main(["--dry-run", *TINY, *out, "local.lr=0.3"]) == 0   # the fixed-pick run was never made
+    assert capsys.readouterr().out.strip() == "dry run: 0/1 run(s) done, 1 to do"
+    assert sorted((tmp_path / "out" / "runs").glob("*/metrics.json")) == made   # the dry runs trained nothing

@@ -119,7 +119,7 @@ def run_dir(cfg: DictConfig, launch_dir: str) -> Path:
     return root / "runs" / compute_run_id(cfg)
 
 
-def _finished(cfg: DictConfig, launch_dir: str) -> bool:
+def is_finished(cfg: DictConfig, launch_dir: str) -> bool:
     """A complete, current record exists locally or in the committed store (results/records)."""
     return find_record_dir(run_dir(cfg, launch_dir).parents[1], compute_run_id(cfg),
                            need_model=bool(cfg.get("save_model"))) is not None
@@ -141,9 +141,9 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
         if cfg.get("aggregators"):
 
             subs = expand_aggregators(cfg, CONF_DIR)
-            finished = all(_finished(s, launch_dir) for s in subs)
+            finished = all(is_finished(s, launch_dir) for s in subs)
         else:
-            finished = _finished(cfg, launch_dir)
+            finished = is_finished(cfg, launch_dir)
         (done if finished and not force else todo).append(ovs)
     return todo, done
 

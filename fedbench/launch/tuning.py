@@ -26,7 +26,7 @@ from fedbench.config.profiles import quote_value
 from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grids, parse_tuning, selection_key)
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.errors import FedbenchError
-from fedbench.launch.sweep import expand_sweep
+from fedbench.launch.sweep import expand_sweep, is_finished
 from fedbench.results.records import (compute_run_id, find_record_dir, identity_config, read_record, tuning_store,
                                       write_json_atomic)
 from fedbench.runner import execute
@@ -189,6 +189,27 @@ def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
 
 def selection_path(output_root: Path, fixed: DictConfig, spec: TuningSpec, grid: Dict[str, list]) -> Path:
     return Path(output_root) / "tuning" / f"{selection_key(compute_run_id(fixed), spec, grid)}.json"
+
+
+def tuning_plan(overrides: Sequence[str], launch_dir: str, conf_dir: Path = CONF_DIR) -> Dict[str, int]:
+    """What ``tuning=on`` still has to train, without training: selection runs done / in all, and (cell, method)
+    tasks finished (a method without a grid: its fixed run; with one: its selection file and chosen final run)."""
+    spec, tasks = tuning_tasks(overrides, conf_dir)
+    root = Path(str(tasks[0].fixed.paths.output_root)) if tasks else Path("outputs")
+    root = root if root.is_absolute() else Path(launch_dir) / root
+    out = {"tasks": len(tasks), "tasks_done": 0, "selection_runs": 0, "selection_done": 0}
+    for t in tasks:
+        if not t.grid:
+            out["tasks_done"] += is_finished(t.fixed, launch_dir)
+            continue
+        for point in grid_points(t.grid):
+            out["selection_runs"] += 1
+            out["selection_done"] += is_finished(selection_config(t, spec, point, conf_dir), launch_dir)
+        path = selection_path(root, t.fixed, spec, t.grid)
+        sel = read_record(path) or read_record(tuning_store() / path.name)   # local first, then committed
+        if sel:
+            out["tasks_done"] += find_record_dir(root, sel["final_run_id"]) is not None
+    return out
 
 
 def run_tuning(overrides: Sequence[str], launch_dir: str, conf_dir: Path = CONF_DIR) -> List[Dict[str, Any]]:
