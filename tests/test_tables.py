@@ -8,7 +8,7 @@ import pytest
 
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_json_atomic
-from fedbench.report.tables import partition_label, summarise, table_runs, to_markdown
+from fedbench.report.tables import partition_label, score, summarise, table_runs, to_markdown
 from fedbench.runner import expand_aggregators
 from fedbench.launch.sweep import CONF_DIR
 
@@ -181,7 +181,9 @@ def test_fedlap_table3_rounds_to_accuracy_with_never(tmp_path):
     assert "| dataset | partition | num_clients | threshold | fedavg | fedprox(mu=0.1) | feddyn |" in md
     row = next(l for l in md.splitlines() if l.startswith("| mnist | homog | 10 | 97.5 |"))
     assert "6.33 ± 1.53 (n=3) / 6.00 / Δ +0.33" in row
-    assert "never 1/3; reached: 3.50 ± 0.71 (n=2) / 4.00 |" in row          # shown, no difference taken
+    assert "never 1/3; reached: 3.50 ± 0.71 (n=2) / 4.00 ✗ |" in row        # shown, no difference taken: outside
+    sc = score(s, df.attrs["table"])   # counted as the cell says (the reached mean, 3.5 against 4, would be within)
+    assert [(o["method"], o["mean"]) for o in sc["outside"]] == [("feddyn", pytest.approx(3.5))]
     assert "not run (0/3)" in row
 
 

@@ -501,14 +501,18 @@ def tolerance(r: Dict[str, Any], paper_n: Optional[int]) -> Optional[float]:
 
 
 def within_tolerance(r: Dict[str, Any], paper_n: Optional[int]) -> Optional[bool]:
+    """None when there is nothing to compare. A rounds-to-threshold cell where some of our runs never reached the
+    threshold is outside when the paper prints a number (its runs all reached it), whatever the others' mean."""
+    if int(r.get("never", 0) or 0) and not _missing(r.get("paper")):
+        return False
     tol = tolerance(r, paper_n)
     return None if tol is None else abs(float(r["mean"]) - float(r["paper"])) <= tol
 
 
 def format_cell(r: Dict[str, Any], paper_n: Optional[int] = None, show_n: bool = True) -> str:
     """ours / the paper's number / difference and a mark: ✓ within tolerance, ✗ outside. ``never k/m``: k of the
-    m finished runs never reached the threshold (no mean is compared then: the papers print a number only when
-    every run reached it). ``show_n=False`` when the table states one n for every cell; ``+k stale`` counts
+    m finished runs never reached the threshold (no mean is compared then; against a printed number the cell is
+    outside, since the papers print a number only when every run reached it). ``show_n=False`` when the table states one n for every cell; ``+k stale`` counts
     records of older numerics left out of the cell."""
     paper = r.get("paper", math.nan)
     ref = "—" if _missing(paper) else _fmt(paper)
@@ -520,6 +524,7 @@ def format_cell(r: Dict[str, Any], paper_n: Optional[int] = None, show_n: bool =
         ours = f"not run (0/{int(r['planned'])})"
     elif never:
         ours = f"never {never}/{never + n}" + (f"; reached: {stats}" if n else "")
+        diff = "" if ref == "—" else " ✗"   # the paper's runs reached it (within_tolerance)
     elif n == 0:
         ours = f"no value ({finished} finished)"
     else:
