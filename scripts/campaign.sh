@@ -4,7 +4,8 @@
 # results/records/ is skipped, so on a fresh machine a step trains only what is missing.
 #
 #   bash scripts/campaign.sh --list                                   # the steps, in order, with what they run
-#   nohup bash scripts/campaign.sh fedbens_table1_fmnist >> campaign.log 2>&1 &     # one step (or several)
+#   nohup bash scripts/campaign.sh fedbens_table1_fmnist >> campaign.log 2>&1 &     # one step (or several); at
+#                                                                     # its end, its tables as with --collect
 #   bash scripts/campaign.sh --status fedbens_table1_fmnist           # runs done / to do per command (trains nothing)
 #   bash scripts/campaign.sh --collect fedbens_table1_fmnist          # publish its finished records, write its tables
 #   make tables                                                       # then every table and the scoreboard
@@ -174,4 +175,11 @@ for s in "$@"; do   # every name is checked before anything runs
 done
 for s in "$@"; do
     "step_$s"
+    if [ -z "$COLLECT$STATUS" ]; then
+        # a reproduce call writes its table under its own, narrower overrides (one alpha, one data set); the step's
+        # collect calls restore the committed collections and publish the step's finished records
+        COLLECT=1
+        "step_$s"
+        COLLECT=""
+    fi
 done

@@ -167,6 +167,8 @@ def test_an_aggregator_entrys_own_option_is_tuned_through_algorithm_keys(tmp_pat
 
 def test_a_tuned_table_regenerates_from_the_committed_stores_alone(tmp_path, monkeypatch, one_thread):
     import shutil
+
+    from fedbench.launch.tuning import run_tuning
     from fedbench.report.tables import collect
 
     monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path / "store" / "records"))
@@ -181,6 +183,14 @@ def test_a_tuned_table_regenerates_from_the_committed_stores_alone(tmp_path, mon
     shutil.rmtree(tmp_path / "out")                                        # a fresh clone: no outputs/
     again = collect(ovs, tmp_path / "out", tmp_path / "tables2").read_text()
     assert again == first and "— fedavg: local.lr=0.05" in again and f"{final['metrics']['accuracy']:.2f}" in again
+    # tuning again on the fresh clone: every run is skipped on its committed record, and no committed record is
+    # rewritten, not even a final run published without a tuning section (as a fixed-pick table publishes it)
+    fin = tmp_path / "store" / "records" / sel["final_run_id"] / "metrics.json"
+    fin.write_text(json.dumps({k: v for k, v in json.loads(fin.read_text()).items() if k != "tuning"}))
+    store = {p: p.read_bytes() for p in (tmp_path / "store" / "records").rglob("metrics.json")}
+    run_tuning(ovs + [f"paths.data_root={tmp_path / 'data'}"], str(tmp_path))
+    assert {p: p.read_bytes() for p in (tmp_path / "store" / "records").rglob("metrics.json")} == store
+    assert not list((tmp_path / "out" / "runs").glob("*/metrics.json"))   # nothing trained
 
 
 @pytest.mark.parametrize("overrides, needle", [

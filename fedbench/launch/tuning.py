@@ -180,7 +180,9 @@ def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
                  "final_config": OmegaConf.to_container(final, resolve=True)}
     write_json_atomic(selection_path(output_root, task.fixed, spec, task.grid), selection)
     d = _run(final, output_root, launch_dir)
-    if d is not None:   # the chosen values reach the final run's record
+    # the chosen values reach the final run's record; a committed record (results/records) is never rewritten: it got
+    # its tuning section before it was published
+    if d is not None and Path(d).resolve().is_relative_to(Path(output_root).resolve()):
         rec = read_record(d / "metrics.json")
         rec["tuning"] = {k: v for k, v in selection.items() if k != "final_config"}
         write_json_atomic(d / "metrics.json", rec)
