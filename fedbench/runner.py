@@ -69,6 +69,20 @@ def _git(*args: str) -> Optional[str]:
         return None
 
 
+def _cpu() -> str:
+    """The CPU model and the instruction set torch's kernels use: two machines can train one run id to different
+    floats (a GPU run is the same run as a CPU one), and this says which machine made a record."""
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})"
+
+
 def _git_sha() -> Optional[str]:
     return _git("rev-parse", "--short", "HEAD") or None
 
@@ -204,7 +218,7 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
         "numerics": numerics.current(acfg["name"]),   # stale when the arithmetic changes (fedbench/numerics.py)
         "environment": {"device": str(run.fl.device), "backend": run.backend, "torch": torch.__version__,
                         "python": platform.python_version(), "fedbench": fedbench.__version__,
-                        "git": _git_sha(), "git_dirty": _git_dirty(), "host": platform.node()},
+                        "git": _git_sha(), "git_dirty": _git_dirty(), "host": platform.node(), "cpu": _cpu()},
         "started": started,
         "finished": _dt.datetime.now().isoformat(timespec="seconds"),
     }

@@ -2,6 +2,8 @@
 import json
 import shutil
 
+import torch
+
 from fedbench import numerics
 from fedbench.results.records import is_complete, publish_record, read_record, write_json_atomic
 from tests.conftest import ok_record
@@ -14,6 +16,7 @@ def test_record_says_which_code_and_numerics_made_it(tmp_path):
     rec = json.loads(path.read_text())
     assert rec["numerics"] == {"core": numerics.CORE, "method": numerics.method_version("fedavg")}
     assert "git_dirty" in rec["environment"] and rec["environment"]["git_dirty"] in (True, False, None)
+    assert rec["environment"]["cpu"].endswith(f"({torch.backends.cpu.get_cpu_capability()})")   # which machine
 
 
 def test_stale_numerics_are_rerun_not_skipped(tmp_path):
