@@ -8,7 +8,8 @@ from fedbench import numerics
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
-from fedbench.report.scoreboard import _claim_status, render
+from fedbench.report.scoreboard import (FIGURE, _claim_status, collection_summaries, plot_scoreboard, render,
+                                        scoreboard_cells)
 from fedbench.report.tables import COLLECTIONS, collect, read_collections, score
 from fedbench.runner import expand_aggregators
 from tests.conftest import ok_record
@@ -131,7 +132,31 @@ def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):
     """results/REPRODUCTION.md is what `make tables` makes from the committed records (regenerate it if this fails)."""
     monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
     committed = (ROOT / "results" / "REPRODUCTION.md").read_text()
-    assert render(ROOT / "results", tmp_path / "no_outputs") == committed
+    colls = collection_summaries(ROOT / "results", tmp_path / "no_outputs")
+    assert render(ROOT / "results", tmp_path / "no_outputs", colls) == committed
+    # the figure's data, cell by cell, counts what the scoreboard counts
+    cells = scoreboard_cells(colls)
+    data = ROOT / "results" / FIGURE.replace(".png", "_data.csv")
+    assert cells.to_csv(index=False) == data.read_text()
+    total = committed.split("| **all** |")[1].split("\n")[0].split("|")
+    run, full, within, outside = (int(total[k]) for k in (2, 3, 4, 5))
+    assert (len(cells), int(cells["all_seeds"].sum()), int(cells["within"].sum())) == (run, full, within)
+    assert len(cells) - int(cells["within"].sum()) == outside
+
+
+def test_scoreboard_figure_marks_each_cell(tmp_path):
+    cells = pd.DataFrame([
+        {"paper": "p", "table": "table1", "collection": "p_table1", "cell": "a", "method": "x", "metric": "accuracy",
+         "ours": 70.0, "n": 3, "never": 0, "paper_value": 71.0, "all_seeds": True, "within": True},
+        {"paper": "p", "table": "table1", "collection": "p_table1", "cell": "b", "method": "x", "metric": "accuracy",
+         "ours": 50.0, "n": 1, "never": 0, "paper_value": 60.0, "all_seeds": False, "within": False},
+        {"paper": "p", "table": "table3", "collection": "p_table3", "cell": "a", "method": "x",
+         "metric": "rounds_to_acc", "ours": None, "n": 0, "never": 2, "paper_value": 9.0, "all_seeds": False,
+         "within": False}])
+    png = plot_scoreboard(cells, tmp_path / "scoreboard.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back = pd.read_csv(tmp_path / "scoreboard_data.csv")
+    assert list(back["within"]) == [True, False, False] and back["ours"].isna().tolist() == [False, False, True]
 
 
 def test_every_committed_table_is_regenerated_from_committed_records(tmp_path, monkeypatch):

@@ -20,9 +20,11 @@ from fedbench.errors import FedbenchError
 from fedbench.report.costs import is_cost
 from fedbench.results.reference import available_tables, load_reference
 from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, attach_reference, norm_key,
-                                     paper_seeds, read_collections, score, summarise, table_runs)
+                                     paper_seeds, read_collections, score, summarise, table_runs, tolerance_floor,
+                                     within_tolerance)
 
 CAMPAIGN = "campaign.yaml"
+FIGURE = "figures/scoreboard.png"   # ours against the paper's number, cell by cell (its data: scoreboard_data.csv)
 GAPS = "gaps.md"
 # Data the project has offline (../shared/datasets) or generates (FedFisher's synthetic regression).
 OFFLINE_DATASETS = ("mnist", "fmnist", "uci_credit", "flamby_heart", "fedfisher_synthetic")
@@ -250,22 +252,101 @@ def _gaps(by_table: Dict[tuple, List[str]], colls: dict, anchors) -> List[str]:
     return lines
 
 
-def render(results: Path, output_root: Path) -> str:
-    results = Path(results)
-    plan = load_campaign(results)
-    colls = collection_summaries(results, output_root)
+def _scored(colls: dict) -> tuple:
+    """(paper, table) -> collection names, for tables with printed numbers and for figures without, counting only
+    the paper-profile collections without a ``_<name>`` suffix."""
     by_table: Dict[tuple, List[str]] = {}
     figures: Dict[tuple, List[str]] = {}   # committed figures without printed numbers: checked through claims
     for name, c in colls.items():
         if c["entry"].get("suffix") is None and c["entry"].get("profile", "paper") == "paper":
             key = (c["meta"]["paper"], c["meta"]["id"])
             (by_table if has_reference(*key) else figures).setdefault(key, []).append(name)
-    lines = _HEADER + _cost_plan(plan) + _scoreboard_table(by_table, figures, colls) + _claims(plan, colls)
-    lines += _gaps(by_table, colls, _gap_anchors(results))
+    return by_table, figures
+
+
+def scoreboard_cells(colls: dict) -> pd.DataFrame:
+    """One line per scored cell run: where it is, ours (mean, n) and the paper's number, whether it has all of the
+    paper's seeds and whether it is within tolerance (the scoreboard's counts, cell by cell)."""
+    by_table, _ = _scored(colls)
+    rows = []
+    for (paper, table), names in sorted(by_table.items()):
+        for name in names:
+            c = colls[name]
+            paper_n = paper_seeds(c["meta"])
+            keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
+            keys += ["column"] if "column" in c["summary"] else []
+            for r in c["summary"].to_dict("records"):
+                if r.get("paper") is None or pd.isna(r.get("paper")) or is_cost(r.get("metric")):
+                    continue
+                ok = within_tolerance(r, paper_n)
+                if ok is None:
+                    continue
+                rows.append({"paper": paper, "table": table, "collection": name,
+                             "cell": "/".join(norm_key(r.get(k)) for k in keys), "method": r["method"],
+                             "metric": r.get("metric") if isinstance(r.get("metric"), str) else c["metric"],
+                             "ours": round(float(r["mean"]), 4) if not pd.isna(r["mean"]) else None,
+                             "n": int(r["n"]), "never": int(r.get("never") or 0), "paper_value": float(r["paper"]),
+                             "all_seeds": bool(paper_n and int(r["n"]) >= paper_n), "within": bool(ok)})
+    return pd.DataFrame(rows, columns=["paper", "table", "collection", "cell", "method", "metric", "ours", "n",
+                                       "never", "paper_value", "all_seeds", "within"])
+
+
+def plot_scoreboard(cells: pd.DataFrame, path: Path) -> Path:
+    """One panel per paper table: ours against the paper's number, the diagonal with the tolerance floor around
+    it, green within tolerance, red outside, hollow where a cell has fewer than the paper's seeds. A cell whose runs
+    partly never reached a threshold has no mean and is left out of the picture (it counts as outside)."""
+    from fedbench.report.plotting import pyplot, save_figure
+
+    plt = pyplot()
+    groups = list(cells.groupby(["paper", "table"], sort=True)) if len(cells) else []
+    ncol = min(4, max(1, len(groups)))
+    nrow = max(1, -(-len(groups) // ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 3.2 * nrow), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.axis("off")
+    for ax, ((paper, table), g) in zip(axes.flat, groups):
+        shown = g[g["ours"].notna()]
+        lo = float(min(shown["ours"].min(), shown["paper_value"].min())) if len(shown) else 0.0
+        hi = float(max(shown["ours"].max(), shown["paper_value"].max())) if len(shown) else 1.0
+        pad = 0.05 * (hi - lo or 1.0)
+        lo, hi = lo - pad, hi + pad
+        floor = tolerance_floor(g["metric"].iloc[0])
+        ax.fill_between([lo, hi], [lo - floor, hi - floor], [lo + floor, hi + floor], color="0.9", lw=0)
+        ax.plot([lo, hi], [lo, hi], color="0.5", lw=0.8)
+        for within, color in ((True, "tab:green"), (False, "tab:red")):
+            for full in (True, False):
+                d = shown[(shown["within"] == within) & (shown["all_seeds"] == full)]
+                ax.scatter(d["paper_value"], d["ours"], s=14, edgecolors=color, linewidths=0.8,
+                           facecolors=color if full else "none")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        metric = str(g["metric"].iloc[0]).replace("summary.", "")
+        ax.set_title(f"{paper} {table}: {int(g['within'].sum())}/{len(g)} within", fontsize=8)
+        ax.set_xlabel(f"paper ({metric})", fontsize=7)
+        ax.set_ylabel("ours", fontsize=7)
+        ax.tick_params(labelsize=6)
+    title = ("Ours against the paper, cell by cell (green within tolerance, red outside; hollow: fewer than the "
+             "paper's seeds; grey band: the tolerance floor; results/REPRODUCTION.md)")
+    return save_figure(fig, Path(path), cells, title)
+
+
+def render(results: Path, output_root: Path, colls: dict | None = None) -> str:
+    results = Path(results)
+    plan = load_campaign(results)
+    colls = collection_summaries(results, output_root) if colls is None else colls
+    by_table, figures = _scored(colls)
+    lines = _HEADER + _cost_plan(plan) + _scoreboard_table(by_table, figures, colls)
+    lines += ["", f"![ours against the paper, cell by cell]({FIGURE}) (the cells of the table above; data: "
+                  f"`{FIGURE.replace('.png', '_data.csv')}`)"]
+    lines += _claims(plan, colls) + _gaps(by_table, colls, _gap_anchors(results))
     return "\n".join(lines) + "\n"
 
 
 def write_scoreboard(results: Path, output_root: Path) -> Path:
-    path = Path(results) / "REPRODUCTION.md"
-    path.write_text(render(results, output_root))
+    """REPRODUCTION.md and its figure (figures/scoreboard.png with scoreboard_data.csv)."""
+    results = Path(results)
+    path = results / "REPRODUCTION.md"
+    colls = collection_summaries(results, output_root)
+    path.write_text(render(results, output_root, colls))
+    plot_scoreboard(scoreboard_cells(colls), results / FIGURE)
     return path
