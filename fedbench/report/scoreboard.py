@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.report.costs import is_cost
+from fedbench.report.plotting import pyplot, save_figure
 from fedbench.results.reference import available_tables, load_reference
 from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, attach_reference, norm_key,
                                      paper_seeds, read_collections, score, summarise, table_runs, tolerance_floor,
@@ -295,8 +296,6 @@ def plot_scoreboard(cells: pd.DataFrame, path: Path) -> Path:
     """One panel per paper table: ours against the paper's number, the diagonal with the tolerance floor around
     it, green within tolerance, red outside, hollow where a cell has fewer than the paper's seeds. A cell whose runs
     partly never reached a threshold has no mean and is left out of the picture (it counts as outside)."""
-    from fedbench.report.plotting import pyplot, save_figure
-
     plt = pyplot()
     groups = list(cells.groupby(["paper", "table"], sort=True)) if len(cells) else []
     ncol = min(4, max(1, len(groups)))
