@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One-shot FedAvg (or FedNova, SCAFFOLD) with FedLPA's released code, side by side with fedbench on the same split
+# (results/gaps.md, FedLPA Table 6 "Baselines"). The released repository is run unchanged, never copied: fetch it
+# (github.com/lebronlambert/FedLPA_NeurIPS2024, commit 08dd729), then
+#
+#   bash scripts/gaps/fedlpa_released_baseline.sh <released checkout> <seed> <partition> [alg] [epochs]
+#   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 0 'noniid-labeldir --beta=0.5'
+#   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 1 'noniid-#label2'
+#
+# The flags are those of the released scripts/experiments.sh (lr 0.01, momentum 0.9, batch 64, 10 parties, 1 round),
+# on the CPU with one thread. Fashion-MNIST comes from the offline copy (FEDBENCH_DATA_ROOT or ../shared/datasets),
+# decompressed under <checkout>/data, since torchvision looks for the raw files there and would try to download them.
+# It prints the released log's label counts per client (to check the split against fedbench's record) and the
+# global model's test accuracy.
+set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: $0 <released checkout> <seed> <partition flags> [alg=fedavg] [epochs=20]" >&2; exit 2; }
+REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
+PY=${PYTHON:-$HERE/.venv/bin/python}
+SRC=${FEDBENCH_DATA_ROOT:-$HERE/../shared/datasets}/FashionMNIST/raw
+[ -f "$REL/experiments.py" ] || { echo "error: $REL has no experiments.py (not FedLPA's released code)" >&2; exit 2; }
+[ -d "$SRC" ] || { echo "error: no Fashion-MNIST copy at $SRC (set FEDBENCH_DATA_ROOT)" >&2; exit 2; }
+mkdir -p "$REL/data/FashionMNIST/raw" "$REL/logs" "$REL/models"
+for f in "$SRC"/*.gz; do
+    out="$REL/data/FashionMNIST/raw/$(basename "$f" .gz)"
+    [ -f "$out" ] || gunzip -c "$f" > "$out"
+done
+cd "$REL"
+before=$(ls logs | wc -l)
+# shellcheck disable=SC2086
+OMP_NUM_THREADS=1 "$PY" -c "import runpy, sys, torch; torch.set_num_threads(1); sys.argv = sys.argv[1:]; \
+runpy.run_path('experiments.py', run_name='__main__')" experiments.py --model=simple-cnn --dataset=fmnist \
+    --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties=10 --rho=0.9 --comm_round=1 \
+    --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" > /dev/null 2>&1
+log=$(ls -t logs/*experiment_log-*.log | head -1)
+[ "$(ls logs | wc -l)" -gt "$before" ] || { echo "error: the released run wrote no log" >&2; exit 1; }
+grep -h "Data statistics" "$log" | sed 's/np\.int64(\([0-9]*\))/\1/g' | cut -c1-400
+grep -h "Global Model Test accuracy" "$log" | tail -1
