@@ -31,8 +31,9 @@ before=$(ls logs | wc -l)
 OMP_NUM_THREADS=1 "$PY" -c "import runpy, sys, torch; torch.set_num_threads(1); sys.argv = sys.argv[1:]; \
 runpy.run_path('experiments.py', run_name='__main__')" experiments.py --model=simple-cnn --dataset=fmnist \
     --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties=10 --rho=0.9 --comm_round=1 \
-    --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" > /dev/null 2>&1
-log=$(ls -t logs/*experiment_log-*.log | head -1)
+    --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" > run.out 2>&1 \
+    || { echo "error: the released run failed: $(tail -1 run.out) (full output: $REL/run.out)" >&2; exit 1; }
 [ "$(ls logs | wc -l)" -gt "$before" ] || { echo "error: the released run wrote no log" >&2; exit 1; }
+log=$(ls -t logs/*experiment_log-*.log | head -1)
 grep -h "Data statistics" "$log" | sed 's/np\.int64(\([0-9]*\))/\1/g' | cut -c1-400
 grep -h "Global Model Test accuracy" "$log" | tail -1
