@@ -3,7 +3,7 @@
 # (results/gaps.md, FedLPA Table 6 "Baselines"). The released repository is run unchanged, never copied: fetch it
 # (github.com/lebronlambert/FedLPA_NeurIPS2024, commit 08dd729), then
 #
-#   bash scripts/gaps/fedlpa_released_baseline.sh <released checkout> <seed> <partition> [alg] [epochs]
+#   bash scripts/gaps/fedlpa_released_baseline.sh <released checkout> <seed> <partition> [alg] [epochs] [train seed]
 #   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 0 'noniid-labeldir --beta=0.5'
 #   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 1 'noniid-#label2'
 #
@@ -12,9 +12,14 @@
 # decompressed under <checkout>/data, since torchvision looks for the raw files there and would try to download them.
 # It prints the released log's label counts per client (to check the split against fedbench's record) and the
 # global model's test accuracy.
+# The released script draws the split and the training from one seed (--init_seed). A sixth argument, the training
+# seed, keeps the split of <seed> and reseeds torch, numpy and random right after the split is drawn (the wrapper
+# wraps utils.partition_data; the released files are unchanged), to measure the released code's training spread on
+# one split.
 set -euo pipefail
-[ $# -ge 3 ] || { echo "usage: $0 <released checkout> <seed> <partition flags> [alg=fedavg] [epochs=20]" >&2; exit 2; }
-REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}
+[ $# -ge 3 ] || { echo "usage: $0 <released checkout> <seed> <partition flags> [alg=fedavg] [epochs=20] [train seed]" >&2; exit 2; }
+REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}; TRAIN_SEED=${6:-}
+[[ "$SEED$TRAIN_SEED" =~ ^[0-9]+$ ]] || { echo "error: the seeds must be whole numbers (got '$SEED' '$TRAIN_SEED')" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 SRC=${FEDBENCH_DATA_ROOT:-$HERE/../shared/datasets}/FashionMNIST/raw
@@ -28,7 +33,19 @@ done
 cd "$REL"
 before=$(ls logs | wc -l)
 # shellcheck disable=SC2086
-OMP_NUM_THREADS=1 "$PY" -c "import runpy, sys, torch; torch.set_num_threads(1); sys.argv = sys.argv[1:]; \
+OMP_NUM_THREADS=1 TRAIN_SEED="$TRAIN_SEED" "$PY" -c "
+import os, random, runpy, sys, numpy, torch
+torch.set_num_threads(1)
+if os.environ['TRAIN_SEED']:
+    sys.path.insert(0, '.')
+    import utils
+    drawn = utils.partition_data
+    def split_then_reseed(*args, **kw):
+        out = drawn(*args, **kw)
+        s = int(os.environ['TRAIN_SEED']); numpy.random.seed(s); torch.manual_seed(s); random.seed(s)
+        return out
+    utils.partition_data = split_then_reseed
+sys.argv = sys.argv[1:]
 runpy.run_path('experiments.py', run_name='__main__')" experiments.py --model=simple-cnn --dataset=fmnist \
     --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties=10 --rho=0.9 --comm_round=1 \
     --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" > run.out 2>&1 \
