@@ -16,10 +16,13 @@
 # where torchvision looks for it. It prints the released split's label counts per client and the test accuracy.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 <One_shot_FL folder> <seed> <alpha> [alg=fisher_merge] [epochs=20]" >&2; exit 2; }
+[ -d "$1" ] || { echo "error: no such folder: $1" >&2; exit 2; }
 REL=$(cd "$1" && pwd); SEED=$2; ALPHA=$3; ALG=${4:-fisher_merge}; EPOCHS=${5:-20}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 SRC=${FEDBENCH_DATA_ROOT:-$HERE/../shared/datasets}/FashionMNIST/raw
+[[ "$SEED" =~ ^[0-9]+$ && "$EPOCHS" =~ ^[0-9]+$ ]] || { echo "error: seed and epochs must be whole numbers (got '$SEED' '$EPOCHS')" >&2; exit 2; }
+[[ "$ALPHA" =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "error: alpha must be a positive number (got '$ALPHA')" >&2; exit 2; }
 [ -f "$REL/main_baselines.py" ] || { echo "error: $REL has no main_baselines.py (not FedBEns's One_shot_FL folder)" >&2; exit 2; }
 [ -d "$SRC" ] || { echo "error: no Fashion-MNIST copy at $SRC (set FEDBENCH_DATA_ROOT)" >&2; exit 2; }
 [ -n "${RELEASED_PYTHONPATH:-}" ] || { echo "error: set RELEASED_PYTHONPATH to the folder holding nngeometry 0.3 and laplace-torch 0.2.2.2" >&2; exit 2; }

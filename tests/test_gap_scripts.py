@@ -1,0 +1,67 @@
+"""The side-by-side scripts under scripts/gaps/ that run a paper's released code reject bad input with one line and
+exit status 2 before touching the checkout (they are run by hand against fetched repositories, never in CI)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENS = ROOT / "scripts" / "gaps" / "fedbens_released_baseline.sh"
+LPA = ROOT / "scripts" / "gaps" / "fedlpa_released_baseline.sh"
+
+
+def _run(script, *args, env_extra=None):
+    env = {"PATH": "/usr/bin:/bin", **(env_extra or {})}
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.fixture
+def fake_bens(tmp_path):
+    (tmp_path / "main_baselines.py").write_text("raise SystemExit('must not run')\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("script,args,expected", [
+    (BENS, [], "usage:"),
+    (BENS, ["/no/such/folder", "0", "0.4"], "error: no such folder"),
+    (LPA, [], "usage:"),
+    (LPA, ["/no/such/folder", "0", "noniid-#label2"], "error: no such folder"),
+])
+def test_missing_arguments_or_folder(script, args, expected):
+    out = _run(script, *args)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith(expected)
+
+
+def test_folder_that_is_not_the_released_code(tmp_path):
+    for script, args, name in [(BENS, ["0", "0.4"], "main_baselines.py"), (LPA, ["0", "noniid-#label2"], "experiments.py")]:
+        out = _run(script, str(tmp_path), *args)
+        assert out.returncode == 2 and f"has no {name}" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,word", [
+    (["x", "0.4"], "whole numbers"),
+    (["0", "0.4", "fisher_merge", "ten"], "whole numbers"),
+    (["0", "-1"], "positive number"),
+    (["0", "abc"], "positive number"),
+])
+def test_fedbens_bad_numbers(fake_bens, args, word):
+    out = _run(BENS, str(fake_bens), *args, env_extra={"RELEASED_PYTHONPATH": "/x"})
+    assert out.returncode == 2 and word in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (fake_bens / "data").exists()       # rejected before anything is written into the checkout
+
+
+def test_fedbens_needs_the_released_packages(fake_bens):
+    out = _run(BENS, str(fake_bens), "0", "0.4", env_extra={"FEDBENCH_DATA_ROOT": str(ROOT / "tests")})
+    # the data check may fire first on a machine without the offline copy; either way one line, nothing written
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert not (fake_bens / "data").exists()
+
+
+def test_fedlpa_bad_training_seed(tmp_path):
+    (tmp_path / "experiments.py").write_text("raise SystemExit('must not run')\n")
+    out = _run(LPA, str(tmp_path), "0", "noniid-#label2", "fedavg", "20", "y")
+    assert out.returncode == 2 and "whole numbers" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()
