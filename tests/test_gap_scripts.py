@@ -53,15 +53,23 @@ def test_fedbens_bad_numbers(fake_bens, args, word):
     assert not (fake_bens / "data").exists()       # rejected before anything is written into the checkout
 
 
-def test_fedbens_needs_the_released_packages(fake_bens):
-    out = _run(BENS, str(fake_bens), "0", "0.4", env_extra={"FEDBENCH_DATA_ROOT": str(ROOT / "tests")})
-    # the data check may fire first on a machine without the offline copy; either way one line, nothing written
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+def test_fedbens_needs_the_released_packages(fake_bens, tmp_path_factory):
+    data_root = tmp_path_factory.mktemp("datasets")
+    (data_root / "FashionMNIST" / "raw").mkdir(parents=True)
+    out = _run(BENS, str(fake_bens), "0", "0.4", env_extra={"FEDBENCH_DATA_ROOT": str(data_root)})
+    assert out.returncode == 2 and "RELEASED_PYTHONPATH" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (fake_bens / "data").exists()
+
+
+def test_missing_dataset_copy(fake_bens, tmp_path_factory):
+    empty_root = tmp_path_factory.mktemp("no_datasets")
+    out = _run(BENS, str(fake_bens), "0", "0.4", env_extra={"FEDBENCH_DATA_ROOT": str(empty_root), "RELEASED_PYTHONPATH": "/x"})
+    assert out.returncode == 2 and "no Fashion-MNIST copy" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_fedlpa_bad_training_seed(tmp_path):
     (tmp_path / "experiments.py").write_text("raise SystemExit('must not run')\n")
-    out = _run(LPA, str(tmp_path), "0", "noniid-#label2", "fedavg", "20", "y")
-    assert out.returncode == 2 and "whole numbers" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    for bad in (["20", "y"], ["ten", "1"]):
+        out = _run(LPA, str(tmp_path), "0", "noniid-#label2", "fedavg", *bad)
+        assert out.returncode == 2 and "whole numbers" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "data").exists()

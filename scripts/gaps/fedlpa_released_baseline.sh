@@ -20,7 +20,7 @@ set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 <released checkout> <seed> <partition flags> [alg=fedavg] [epochs=20] [train seed]" >&2; exit 2; }
 [ -d "$1" ] || { echo "error: no such folder: $1" >&2; exit 2; }
 REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}; TRAIN_SEED=${6:-}
-[[ "$SEED$TRAIN_SEED" =~ ^[0-9]+$ ]] || { echo "error: the seeds must be whole numbers (got '$SEED' '$TRAIN_SEED')" >&2; exit 2; }
+[[ "$SEED$TRAIN_SEED" =~ ^[0-9]+$ && "$EPOCHS" =~ ^[0-9]+$ ]] || { echo "error: seeds and epochs must be whole numbers (got '$SEED' '$TRAIN_SEED' '$EPOCHS')" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 SRC=${FEDBENCH_DATA_ROOT:-$HERE/../shared/datasets}/FashionMNIST/raw
