@@ -79,6 +79,7 @@ step_fedlap_table1_fmnist_rawpixels() {   # gaps.md#fedlap-table1 and #fedlap-ta
     table --name rawpixels experiment=fedlap/table3 "${fm[@]}"
     table --name rawpixels_e1 experiment=fedlap/table1 "${fm[@]}" "local.epochs=choice(1)"
     table --name rawpixels_e1 experiment=fedlap/table3 "${fm[@]}" "local.epochs=choice(1)"
+    table --name rawpixels_e1 experiment=fedlap/table2 "${fm[@]}" "local.epochs=choice(1)"   # the verdicts' reading
 }
 step_fedlap_table1_mnist() {     # MNIST homogeneous (20 rounds) and heterogeneous (50 rounds)
     run experiment=fedlap/table1 profile=paper dataset=mnist partition=homo

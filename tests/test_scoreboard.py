@@ -8,8 +8,8 @@ from fedbench import numerics
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
-from fedbench.report.scoreboard import (FIGURE, _claim_status, collection_summaries, plot_scoreboard, render,
-                                        scoreboard_cells)
+from fedbench.report.scoreboard import (FIGURE, _claim_status, collection_summaries, load_campaign, plot_scoreboard,
+                                        render, scoreboard_cells)
 from fedbench.report.tables import COLLECTIONS, collect, read_collections, score
 from fedbench.runner import expand_aggregators
 from tests.conftest import ok_record
@@ -135,7 +135,7 @@ def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):
     colls = collection_summaries(ROOT / "results", tmp_path / "no_outputs")
     assert render(ROOT / "results", tmp_path / "no_outputs", colls) == committed
     # the figure's data, cell by cell, counts what the scoreboard counts
-    cells = scoreboard_cells(colls)
+    cells = scoreboard_cells(colls, load_campaign(ROOT / "results").get("verdicts"))
     data = ROOT / "results" / FIGURE.replace(".png", "_data.csv")
     assert cells.to_csv(index=False) == data.read_text()
     total = committed.split("| **all** |")[1].split("\n")[0].split("|")
@@ -183,3 +183,75 @@ def test_scoreboard_columns_nest():
         name, _, here, run, full, within, outside = (c.strip().strip("*") for c in cells[:7])
         here, run, full, within, outside = map(int, (here, run, full, within, outside))
         assert full <= run <= here and within + outside == run, name
+
+
+def _verdict_colls():
+    """A paper table with two cells outside, and a reading of it whose own runs put one of them within."""
+    meta = {"rows": ["dataset", "partition"], "profiles": {"paper": {"sweep": {"seed": [0, 1, 2]}}}}
+    main = pd.DataFrame([
+        {"dataset": "d", "partition": "a", "method": "fedprox", "n": 3, "mean": 80.0, "std": 0.5, "paper": 70.0},
+        {"dataset": "d", "partition": "b", "method": "fedprox", "n": 3, "mean": 81.0, "std": 0.5, "paper": 70.0},
+        {"dataset": "d", "partition": "b", "method": "x", "n": 3, "mean": 90.0, "std": 0.5, "paper": 70.0},
+        {"dataset": "d", "partition": "c", "method": "x", "n": 3, "mean": 70.5, "std": 0.5, "paper": 70.0}])
+    # the reading spells FedProx's parameters out in its label, as the raw-pixel collections do
+    read = pd.DataFrame([
+        {"dataset": "d", "partition": "a", "method": "fedprox(mu=0.01)", "n": 3, "mean": 71.0, "std": 0.5, "paper": 70.0},
+        {"dataset": "d", "partition": "b", "method": "fedprox(mu=0.01)", "n": 3, "mean": 60.0, "std": 0.5, "paper": 70.0}])
+    entry = {"suffix": None, "profile": "paper"}
+    return {"p_table1": {"meta": {**meta, "paper": "p", "id": "table1"}, "summary": main, "entry": entry,
+                         "metric": "accuracy"},
+            "p_table1_read": {"meta": {**meta, "paper": "p", "id": "table1"}, "summary": read,
+                              "entry": {**entry, "suffix": "read"}, "metric": "accuracy"}}
+
+
+def test_verdicts_sort_cells_outside_and_a_reading_explains_only_where_it_is_within(monkeypatch):
+    from fedbench.report import scoreboard as sb
+    monkeypatch.setattr(sb, "has_reference", lambda paper, table: True)
+    colls = _verdict_colls()
+    verdicts = [{"paper": "p", "table": "table1", "cells": "d/b", "methods": ["x"], "verdict": "paper_vs_code",
+                 "anchor": "p-table1"},
+                {"paper": "p", "table": "table1", "methods": ["fedprox*"], "verdict": "reading",
+                 "reading": "p_table1_read", "anchor": "p-table1"}]
+    cells = scoreboard_cells(colls, verdicts).set_index(["cell", "method"])
+    assert cells.loc[("d/c", "x"), "within"] and cells.loc[("d/c", "x"), "verdict"] == ""
+    assert cells.loc[("d/b", "x"), ["verdict", "explained"]].tolist() == ["paper_vs_code", True]
+    assert cells.loc[("d/a", "fedprox"), ["verdict", "explained"]].tolist() == ["reading", True]    # 71 vs 70
+    assert cells.loc[("d/b", "fedprox"), ["verdict", "explained"]].tolist() == ["reading", False]   # 60 vs 70
+    # the first matching entry wins; no entry: untested
+    assert scoreboard_cells(colls, verdicts[:1]).set_index(["cell", "method"]).loc[("d/a", "fedprox"),
+                                                                                   "verdict"] == "untested"
+    lines = "\n".join(sb._gaps(scoreboard_cells(colls, verdicts), colls, verdicts, {"p-table1"}))
+    assert "| Paper vs its released code |" in lines and "| **all** | | 3 | 2 |" in lines
+    assert "read as [p_table1_read](tables/p_table1_read.md): 71.00 ✓ within" in lines
+    assert "read as [p_table1_read](tables/p_table1_read.md): 60.00 ✗ outside" in lines
+
+
+def test_verdict_entries_are_checked_in_one_line():
+    from fedbench.report.scoreboard import check_verdicts
+    good = {"paper": "p", "table": "t", "verdict": "open", "anchor": "p-t"}
+    check_verdicts([good])
+    for bad, msg in (({**good, "verdict": "solved"}, "one of paper_vs_code"),
+                     ({**good, "anchor": None}, "lacks anchor"),
+                     ({**good, "verdict": "reading"}, "goes with verdict 'reading'"),
+                     ({**good, "reading": "p_t_read"}, "goes with verdict 'reading'"),
+                     ({**good, "cell": "d/a"}, "unknown keys")):
+        with pytest.raises(FedbenchError, match=msg):
+            check_verdicts([good, bad])
+
+
+def test_committed_verdicts_link_to_gaps_and_name_committed_readings():
+    """Every verdict's anchor is a section of gaps.md, its reading a committed collection, and every entry matches
+    at least one committed cell outside tolerance (a stale entry is removed, not left to match a future cell)."""
+    from fedbench.report.scoreboard import _gap_anchors, match_verdict
+    plan = load_campaign(ROOT / "results")
+    anchors = _gap_anchors(ROOT / "results")
+    names = {e["name"] for e in read_collections(ROOT / "results" / COLLECTIONS)}
+    data = pd.read_csv(ROOT / "results" / FIGURE.replace(".png", "_data.csv"), keep_default_na=False)
+    outside = data[data["within"].astype(str) == "False"]
+    for v in plan["verdicts"]:
+        assert v["anchor"] in anchors, v
+        assert v["verdict"] != "reading" or v["reading"] in names, v
+        hits = [r for r in outside.to_dict("records")
+                if match_verdict([v], r["paper"], r["table"], r["cell"], r["method"]) is not None]
+        assert hits, f"verdict matches no cell outside tolerance: {v}"
+    assert "explanation missing" not in (ROOT / "results" / "REPRODUCTION.md").read_text()

@@ -10,6 +10,7 @@ Generated from three committed inputs only, so a test can check that the committ
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -31,11 +32,75 @@ GAPS = "gaps.md"
 OFFLINE_DATASETS = ("mnist", "fmnist", "uci_credit", "flamby_heart", "fedfisher_synthetic")
 
 
+# What the experiment behind a cell outside tolerance found (campaign.yaml `verdicts:`, gaps.md has the experiment).
+# A cell no entry matches is "untested". "reading" names the collection that runs the paper's setup as the experiment
+# read it; the scoreboard looks the cell up there and counts it explained only where that reading is within tolerance.
+VERDICTS = {
+    "paper_vs_code": "the paper's released code, run here on the same split, gives fedbench's number, not the "
+                     "paper's: a gap between the paper and its code",
+    "solver": "the released solver's numerics: its fixed step is past the stability limit on this split and "
+              "diverges (the collapse is explained; the paper's number may still differ)",
+    "one_number": "the paper prints one number for several settings that fedbench runs apart (FedProx's μ), "
+                  "without saying which it reports",
+    "reading": "a setting the paper leaves unstated: the named reading of it (a collection of runs) is checked "
+               "cell by cell",
+    "open": "hypotheses tested and rejected: not explained yet",
+}
+UNTESTED = "untested"
+EXPLAINED = ("paper_vs_code", "solver", "one_number")   # and "reading" where the reading is within tolerance
+
+
 def load_campaign(results: Path) -> Dict[str, Any]:
     path = Path(results) / CAMPAIGN
     if not path.is_file():
         raise FedbenchError(f"{path} is missing: the campaign plan lists every table's cost and claims")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    plan = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    check_verdicts(plan.get("verdicts") or [], path)
+    return plan
+
+
+def check_verdicts(verdicts: List[Dict[str, Any]], where: Any = CAMPAIGN) -> None:
+    """One line per malformed entry of `verdicts:` (before anything is rendered)."""
+    for i, v in enumerate(verdicts):
+        missing = [k for k in ("paper", "table", "verdict", "anchor") if not v.get(k)]
+        if missing:
+            raise FedbenchError(f"{where}: verdicts[{i}] lacks {', '.join(missing)}")
+        if v["verdict"] not in VERDICTS:
+            raise FedbenchError(f"{where}: verdicts[{i}] has verdict {v['verdict']!r}; one of {', '.join(VERDICTS)}")
+        if (v["verdict"] == "reading") != bool(v.get("reading")):
+            raise FedbenchError(f"{where}: verdicts[{i}]: `reading: <collection>` goes with verdict 'reading' "
+                                "and only with it")
+        unknown = set(v) - {"paper", "table", "cells", "methods", "verdict", "anchor", "reading", "note"}
+        if unknown:
+            raise FedbenchError(f"{where}: verdicts[{i}] has unknown keys {sorted(unknown)}")
+
+
+def match_verdict(verdicts: List[Dict[str, Any]], paper: str, table: str, cell: str, method: str):
+    """The first entry whose paper and table are the cell's and whose `cells` / `methods` patterns (shell-style, as
+    printed: "fmnist/#C=2", "fedprox(*"; all when absent) match it; None when none does."""
+    for v in verdicts:
+        if (v["paper"], v["table"]) != (paper, table) or not fnmatchcase(cell, str(v.get("cells", "*"))):
+            continue
+        if any(fnmatchcase(method, str(m)) for m in (v.get("methods") or ["*"])):
+            return v
+    return None
+
+
+def _reading_cell(colls: dict, name: str, cell: str, method: str):
+    """The same cell in the reading's collection: (mean, within) or None when it did not run there. A method whose
+    reading spells out its parameters ("fedprox(mu=0.01)" for "fedprox") is found under that one label."""
+    c = colls.get(name)
+    if c is None:
+        raise FedbenchError(f"verdict reading {name!r} is not a committed collection (results/collections.yaml)")
+    paper_n = paper_seeds(c["meta"])
+    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
+    keys += ["column"] if "column" in c["summary"] else []
+    rows = [r for r in c["summary"].to_dict("records") if "/".join(norm_key(r.get(k)) for k in keys) == cell]
+    hit = [r for r in rows if r["method"] == method] or [r for r in rows if str(r["method"]).startswith(method + "(")]
+    if len(hit) != 1 or int(hit[0]["n"]) == 0 or hit[0].get("paper") is None or pd.isna(hit[0].get("paper")):
+        return None
+    ok = within_tolerance(hit[0], paper_n)
+    return None if ok is None else (float(hit[0]["mean"]), bool(ok))
 
 
 def has_reference(paper: str, table: str) -> bool:
@@ -188,14 +253,18 @@ def _cost_plan(plan: dict) -> List[str]:
     return lines
 
 
-def _scoreboard_table(by_table: Dict[tuple, List[str]], figures: Dict[tuple, List[str]], colls: dict) -> List[str]:
+def _scoreboard_table(by_table: Dict[tuple, List[str]], figures: Dict[tuple, List[str]], colls: dict,
+                      cells: pd.DataFrame) -> List[str]:
     lines = ["", "## 2. Scoreboard", "",
              "Per paper table with committed paper-profile records: cells the paper prints, cells runnable here "
-             "(offline data), cells we ran, of which with all of the paper's seeds, within tolerance, outside; and "
-             "whether the paper's winner of each row also wins here.", "",
-             "| table | paper cells | runnable here | run | all seeds | within | outside | row winner holds |",
-             "|---|---|---|---|---|---|---|---|"]
-    tot = {"paper": 0, "here": 0, "run": 0, "full": 0, "within": 0, "outside": 0}
+             "(offline data), cells we ran, of which with all of the paper's seeds, within tolerance, outside, and "
+             "of those the cells an experiment explains (§4: the paper vs its released code, the released solver, "
+             "one paper number for several settings, or a reading of an unstated setting that is within tolerance); "
+             "and whether the paper's winner of each row also wins here.", "",
+             "| table | paper cells | runnable here | run | all seeds | within | outside | outside, explained | "
+             "row winner holds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    tot = {"paper": 0, "here": 0, "run": 0, "full": 0, "within": 0, "outside": 0, "explained": 0}
     for (paper, table), names in sorted(by_table.items()):
         n_all, n_here = paper_cells(paper, table)
         run = sum(colls[n]["score"]["run"] for n in names)
@@ -204,13 +273,15 @@ def _scoreboard_table(by_table: Dict[tuple, List[str]], figures: Dict[tuple, Lis
         rows = sum(colls[n]["score"]["rows"] for n in names)
         held = sum(colls[n]["score"]["order_held"] for n in names)
         links = ", ".join(f"[{n}](tables/{n}.md)" for n in names)
+        mine = cells[(cells["paper"] == paper) & (cells["table"] == table)] if len(cells) else cells
+        explained = int(mine["explained"].sum()) if len(mine) else 0
         lines.append(f"| {paper} {table} ({links}) | {n_all} | {n_here} | {run} | {full} | {within} | "
-                     f"{run - within} | {held}/{rows} |")
+                     f"{run - within} | {explained} | {held}/{rows} |")
         for k, v in (("paper", n_all), ("here", n_here), ("run", run), ("full", full), ("within", within),
-                     ("outside", run - within)):
+                     ("outside", run - within), ("explained", explained)):
             tot[k] += v
     lines.append(f"| **all** | {tot['paper']} | {tot['here']} | {tot['run']} | {tot['full']} | {tot['within']} | "
-                 f"{tot['outside']} | |")
+                 f"{tot['outside']} | {tot['explained']} | |")
     if figures:
         lines += ["", "Figures without printed numbers (their shape is checked in the claims below): " + "; ".join(
             f"{paper} {table} ({', '.join(f'[{n}](tables/{n}.md)' for n in names)}: "
@@ -235,21 +306,49 @@ def _claims(plan: dict, colls: dict) -> List[str]:
     return lines
 
 
-def _gaps(by_table: Dict[tuple, List[str]], colls: dict, anchors) -> List[str]:
+_VERDICT_TITLES = {"paper_vs_code": "Paper vs its released code", "solver": "The released solver diverges",
+                   "one_number": "One paper number for several settings", "reading": "An unstated setting, read",
+                   "open": "Open: tested, not explained", UNTESTED: "Untested"}
+
+
+def _num(x) -> str:
+    return "—" if x is None or pd.isna(x) else f"{float(x):.2f}"
+
+
+def _gap_line(row: dict, colls: dict, verdicts: list, anchors) -> str:
+    v = match_verdict(verdicts, row["paper"], row["table"], row["cell"], row["method"])
+    anchor = v["anchor"] if v else f"{row['paper']}-{row['table']}"
+    link = f"[why](gaps.md#{anchor})" if anchor in anchors else "**explanation missing**"
+    delta = "—" if row["ours"] is None or pd.isna(row["ours"]) else f"{row['ours'] - row['paper_value']:+.2f}"
+    line = (f"- {row['paper']} {row['table']} {row['cell']} {row['method']}: ours {_num(row['ours'])}, paper "
+            f"{row['paper_value']:.2f} (Δ {delta}) — {link}")
+    if v and v["verdict"] == "reading":
+        there = _reading_cell(colls, v["reading"], row["cell"], row["method"])
+        line += (f"; read as [{v['reading']}](tables/{v['reading']}.md): " +
+                 ("not run there" if there is None else f"{there[0]:.2f} {'✓ within' if there[1] else '✗ outside'}"))
+    return line
+
+
+def _gaps(cells: pd.DataFrame, colls: dict, verdicts: list, anchors) -> List[str]:
     lines = ["", "## 4. Cells outside tolerance", "",
-             "Each links to its explanation in [gaps.md](gaps.md) (hypothesis and the experiment that tested it).", ""]
-    any_gap = False
-    for (paper, table), names in sorted(by_table.items()):
-        for n in names:
-            for o in colls[n]["score"]["outside"]:
-                any_gap = True
-                where = "/".join(norm_key(o.get(k)) for k in o if k not in ("method", "mean", "paper"))
-                anchor = f"{paper}-{table}"
-                link = f"[why](gaps.md#{anchor})" if anchor in anchors else "**explanation missing**"
-                lines.append(f"- {paper} {table} {where} {o['method']}: ours {o['mean']:.2f}, paper "
-                             f"{o['paper']:.2f} (Δ {o['mean'] - o['paper']:+.2f}) — {link}")
-    if not any_gap:
-        lines.append("None among the cells run.")
+             "Each cell carries the verdict of the experiment that tested it (`verdicts:` in "
+             "[campaign.yaml](campaign.yaml)) and links to that experiment in [gaps.md](gaps.md). A reading's cell "
+             "counts as explained only where the reading's own runs are within tolerance of the paper.", ""]
+    out = cells[~cells["within"]] if len(cells) else cells
+    if not len(out):
+        return lines + ["None among the cells run."]
+    lines += ["| verdict | what the experiment found | cells | explained |", "|---|---|---|---|"]
+    for key in list(VERDICTS) + [UNTESTED]:
+        g = out[out["verdict"] == key]
+        if len(g):
+            meaning = VERDICTS.get(key, "no experiment yet: a hypothesis to test")
+            lines.append(f"| {_VERDICT_TITLES[key]} | {meaning} | {len(g)} | {int(g['explained'].sum())} |")
+    lines.append(f"| **all** | | {len(out)} | {int(out['explained'].sum())} |")
+    for key in list(VERDICTS) + [UNTESTED]:
+        g = out[out["verdict"] == key]
+        if len(g):
+            lines += ["", f"### {_VERDICT_TITLES[key]} ({len(g)})", ""]
+            lines += [_gap_line(r, colls, verdicts, anchors) for r in g.to_dict("records")]
     return lines
 
 
@@ -265,9 +364,28 @@ def _scored(colls: dict) -> tuple:
     return by_table, figures
 
 
-def scoreboard_cells(colls: dict) -> pd.DataFrame:
+CELL_COLUMNS = ["paper", "table", "collection", "cell", "method", "metric", "ours", "n", "never", "paper_value",
+                "all_seeds", "within", "verdict", "explained"]
+
+
+def _verdict_of(colls: dict, verdicts: list, row: dict) -> tuple:
+    """(verdict, explained, reading detail) of a cell outside tolerance; verdict "" for a cell within."""
+    if row["within"]:
+        return "", False, None
+    v = match_verdict(verdicts, row["paper"], row["table"], row["cell"], row["method"])
+    if v is None:
+        return UNTESTED, False, None
+    if v["verdict"] != "reading":
+        return v["verdict"], v["verdict"] in EXPLAINED, None
+    there = _reading_cell(colls, v["reading"], row["cell"], row["method"])
+    return "reading", bool(there and there[1]), there
+
+
+def scoreboard_cells(colls: dict, verdicts: list | None = None) -> pd.DataFrame:
     """One line per scored cell run: where it is, ours (mean, n) and the paper's number, whether it has all of the
-    paper's seeds and whether it is within tolerance (the scoreboard's counts, cell by cell)."""
+    paper's seeds and whether it is within tolerance (the scoreboard's counts, cell by cell); for a cell outside, the
+    verdict of the experiment that tested it (campaign.yaml `verdicts:`; `untested` where none did) and whether that
+    explains it."""
     by_table, _ = _scored(colls)
     rows = []
     for (paper, table), names in sorted(by_table.items()):
@@ -282,19 +400,21 @@ def scoreboard_cells(colls: dict) -> pd.DataFrame:
                 ok = within_tolerance(r, paper_n)
                 if ok is None:
                     continue
-                rows.append({"paper": paper, "table": table, "collection": name,
-                             "cell": "/".join(norm_key(r.get(k)) for k in keys), "method": r["method"],
-                             "metric": r.get("metric") if isinstance(r.get("metric"), str) else c["metric"],
-                             "ours": round(float(r["mean"]), 4) if not pd.isna(r["mean"]) else None,
-                             "n": int(r["n"]), "never": int(r.get("never") or 0), "paper_value": float(r["paper"]),
-                             "all_seeds": bool(paper_n and int(r["n"]) >= paper_n), "within": bool(ok)})
-    return pd.DataFrame(rows, columns=["paper", "table", "collection", "cell", "method", "metric", "ours", "n",
-                                       "never", "paper_value", "all_seeds", "within"])
+                row = {"paper": paper, "table": table, "collection": name,
+                       "cell": "/".join(norm_key(r.get(k)) for k in keys), "method": r["method"],
+                       "metric": r.get("metric") if isinstance(r.get("metric"), str) else c["metric"],
+                       "ours": round(float(r["mean"]), 4) if not pd.isna(r["mean"]) else None,
+                       "n": int(r["n"]), "never": int(r.get("never") or 0), "paper_value": float(r["paper"]),
+                       "all_seeds": bool(paper_n and int(r["n"]) >= paper_n), "within": bool(ok)}
+                row["verdict"], row["explained"], _ = _verdict_of(colls, verdicts or [], row)
+                rows.append(row)
+    return pd.DataFrame(rows, columns=CELL_COLUMNS)
 
 
 def plot_scoreboard(cells: pd.DataFrame, path: Path) -> Path:
     """One panel per paper table: ours against the paper's number, the diagonal with the tolerance floor around
-    it, green within tolerance, red outside, hollow where a cell has fewer than the paper's seeds. A cell whose runs
+    it, green within tolerance, orange outside but explained (§4), red outside and not, hollow where a cell has
+    fewer than the paper's seeds. A cell whose runs
     partly never reached a threshold has no mean and is left out of the picture (it counts as outside)."""
     plt = pyplot()
     groups = list(cells.groupby(["paper", "table"], sort=True)) if len(cells) else []
@@ -312,9 +432,12 @@ def plot_scoreboard(cells: pd.DataFrame, path: Path) -> Path:
         floor = tolerance_floor(g["metric"].iloc[0])
         ax.fill_between([lo, hi], [lo - floor, hi - floor], [lo + floor, hi + floor], color="0.9", lw=0)
         ax.plot([lo, hi], [lo, hi], color="0.5", lw=0.8)
-        for within, color in ((True, "tab:green"), (False, "tab:red")):
+        explained = shown["explained"] if "explained" in shown else pd.Series(False, index=shown.index)
+        kinds = ((shown["within"], "tab:green"), (~shown["within"] & explained.astype(bool), "tab:orange"),
+                 (~shown["within"] & ~explained.astype(bool), "tab:red"))
+        for mask, color in kinds:
             for full in (True, False):
-                d = shown[(shown["within"] == within) & (shown["all_seeds"] == full)]
+                d = shown[mask & (shown["all_seeds"] == full)]
                 ax.scatter(d["paper_value"], d["ours"], s=14, edgecolors=color, linewidths=0.8,
                            facecolors=color if full else "none")
         ax.set_xlim(lo, hi)
@@ -324,8 +447,9 @@ def plot_scoreboard(cells: pd.DataFrame, path: Path) -> Path:
         ax.set_xlabel(f"paper ({metric})", fontsize=7)
         ax.set_ylabel("ours", fontsize=7)
         ax.tick_params(labelsize=6)
-    title = ("Ours against the paper, cell by cell (green within tolerance, red outside; hollow: fewer than the "
-             "paper's seeds; grey band: the tolerance floor; results/REPRODUCTION.md)")
+    title = ("Ours against the paper, cell by cell (green within tolerance; outside: orange where an experiment "
+             "explains it, red where not; hollow: fewer than the paper's seeds; grey band: the tolerance floor; "
+             "results/REPRODUCTION.md)")
     return save_figure(fig, Path(path), cells, title)
 
 
@@ -333,11 +457,13 @@ def render(results: Path, output_root: Path, colls: dict | None = None) -> str:
     results = Path(results)
     plan = load_campaign(results)
     colls = collection_summaries(results, output_root) if colls is None else colls
+    verdicts = plan.get("verdicts") or []
+    cells = scoreboard_cells(colls, verdicts)
     by_table, figures = _scored(colls)
-    lines = _HEADER + _cost_plan(plan) + _scoreboard_table(by_table, figures, colls)
+    lines = _HEADER + _cost_plan(plan) + _scoreboard_table(by_table, figures, colls, cells)
     lines += ["", f"![ours against the paper, cell by cell]({FIGURE}) (the cells of the table above; data: "
                   f"`{FIGURE.replace('.png', '_data.csv')}`)"]
-    lines += _claims(plan, colls) + _gaps(by_table, colls, _gap_anchors(results))
+    lines += _claims(plan, colls) + _gaps(cells, colls, verdicts, _gap_anchors(results))
     return "\n".join(lines) + "\n"
 
 
@@ -347,5 +473,5 @@ def write_scoreboard(results: Path, output_root: Path) -> Path:
     path = results / "REPRODUCTION.md"
     colls = collection_summaries(results, output_root)
     path.write_text(render(results, output_root, colls))
-    plot_scoreboard(scoreboard_cells(colls), results / FIGURE)
+    plot_scoreboard(scoreboard_cells(colls, load_campaign(results).get("verdicts") or []), results / FIGURE)
     return path
