@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 import fedbench.papers.fola.laplace_study as fl
+from fedbench.data import default_mirror
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.papers.fola import figures as ff
@@ -228,6 +229,8 @@ def test_study_settings_are_checked_before_any_data():
         study_name(base + ["table.study=nope"])
 
 
+@pytest.mark.skipif(default_mirror() is None or not (default_mirror() / "MNIST" / "raw").is_dir(),
+                    reason="no offline mirror with MNIST (set FEDBENCH_DATA_MIRROR)")
 def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     """A tiny Fig. 10/11 and Fig. 12 study on real MNIST (7x7 pooled inputs, 60 images per client): records,
     skip on rerun, figures."""
