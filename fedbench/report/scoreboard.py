@@ -453,12 +453,12 @@ def plot_scoreboard(cells: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, Path(path), cells, title)
 
 
-def render(results: Path, output_root: Path, colls: dict | None = None) -> str:
+def render(results: Path, output_root: Path, colls: dict | None = None, cells: pd.DataFrame | None = None) -> str:
     results = Path(results)
     plan = load_campaign(results)
     colls = collection_summaries(results, output_root) if colls is None else colls
     verdicts = plan.get("verdicts") or []
-    cells = scoreboard_cells(colls, verdicts)
+    cells = scoreboard_cells(colls, verdicts) if cells is None else cells
     by_table, figures = _scored(colls)
     lines = _HEADER + _cost_plan(plan) + _scoreboard_table(by_table, figures, colls, cells)
     lines += ["", f"![ours against the paper, cell by cell]({FIGURE}) (the cells of the table above; data: "
@@ -472,6 +472,7 @@ def write_scoreboard(results: Path, output_root: Path) -> Path:
     results = Path(results)
     path = results / "REPRODUCTION.md"
     colls = collection_summaries(results, output_root)
-    path.write_text(render(results, output_root, colls))
-    plot_scoreboard(scoreboard_cells(colls, load_campaign(results).get("verdicts") or []), results / FIGURE)
+    cells = scoreboard_cells(colls, load_campaign(results).get("verdicts") or [])   # once, for the page and figure
+    path.write_text(render(results, output_root, colls, cells))
+    plot_scoreboard(cells, results / FIGURE)
     return path
