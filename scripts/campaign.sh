@@ -84,6 +84,7 @@ step_fedlap_table1_fmnist_rawpixels() {   # gaps.md#fedlap-table1 and #fedlap-ta
     table --name rawpixels_e1 experiment=fedlap/table1 "${e1[@]}"
     table --name rawpixels_e1 experiment=fedlap/table3 "${e1[@]}"
     table --name rawpixels_e1 experiment=fedlap/table2 "${e1[@]}"
+    table --name rawpixels_e1 experiment=fedlap/table5 "${e1[@]}"   # final NLL of the slower-learning reading
 }
 step_fedlap_table1_mnist() {     # MNIST homogeneous (20 rounds) and heterogeneous (50 rounds)
     run experiment=fedlap/table1 profile=paper dataset=mnist partition=homo
