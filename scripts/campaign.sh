@@ -141,6 +141,12 @@ step_fedlpa_table5_fmnist() {    # 9 partitions x 3 seeds (10 local epochs; abou
     done
     table experiment=fedlpa/table5 profile=paper
 }
+step_fedlpa_table5_mnist() {     # MNIST, 9 partitions x 3 seeds at 10 local epochs
+    for p in "${LPA_PARTITIONS[@]}"; do
+        run experiment=fedlpa/table5 profile=paper dataset=mnist "partition.spec='$p'" "$FEDLPA_CG"
+    done
+    table experiment=fedlpa/table5 profile=paper
+}
 step_fedbens_table1_fmnist() {   # 4 alpha x 5 seeds, then Tables 8 and 3 (alpha 0.05, 0.4; Table 1's clients)
     # alpha 0.2 before Table 3: Table 3 reuses Table 1's client stages only while outputs/ still caches them, and a
     # fresh machine retrains them anyway (6 seeds, 2 cells), while alpha 0.2 adds a whole Table 1 row
@@ -161,7 +167,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 }
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
-       fedbens_table1_fmnist fedlpa_table5_fmnist fedlpa_table6_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
+       fedbens_table1_fmnist fedlpa_table5_fmnist fedlpa_table6_mnist fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog)
 
 usage() {
