@@ -52,6 +52,15 @@ def test_collect_publishes_records_and_make_tables_regenerates_from_them(tmp_pat
     (entry,) = read_collections(results / COLLECTIONS)
     assert entry["name"] == "fedfisher_table2" and entry["profile"] == "paper"
     assert "hardware=cpu" not in entry["overrides"] and "progress=false" not in entry["overrides"]
+    # `make tables` names the records it reads from outside the store: none once published, all before
+    seen = []
+    collect(TABLE, tmp_path / "out", tmp_path / "t2", publish=False, unpublished=seen)
+    assert seen == []
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path / "empty_store"))
+    seen = []
+    collect(TABLE, tmp_path / "out", tmp_path / "t3", publish=False, unpublished=seen)
+    assert len(seen) == 9
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(store))
     # a fresh clone: no outputs/, only the committed store
     again = collect(entry["overrides"], tmp_path / "empty", tmp_path / "again", publish=False).read_text()
     assert again == first and "69.00 ± 1.00 / 68.36 / Δ +0.64 ✓" in again

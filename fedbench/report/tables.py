@@ -33,7 +33,7 @@ from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_record_dir, load_record, publish_record,
-                                      read_history, read_record, tuning_store)
+                                      is_complete, read_history, read_record, records_dir, tuning_store)
 from fedbench.results.summaries import history_value, last_k, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
@@ -686,12 +686,13 @@ def table_suffix(overrides: Sequence[str], name: Optional[str] = None) -> Option
 
 
 def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metric: Optional[str] = None,
-            suffix: Optional[str] = None, publish: bool = True) -> Path:
+            suffix: Optional[str] = None, publish: bool = True, unpublished: Optional[list] = None) -> Path:
     """Write ``<tables_dir>/<paper>_<table>[_<profile>][_<suffix>].md`` (+ ``_runs.csv``) from the run records.
 
     With ``publish`` the finished records behind it are copied (compact, no weights) into the committed store
     (results/records) and the collection is listed in ``<tables_dir>/../collections.yaml``, so that ``make tables``
-    regenerates every committed table from a fresh clone."""
+    regenerates every committed table from a fresh clone. Without it, ``unpublished`` (a list) gets the folders of
+    the finished records the table read from outside the committed store: a fresh clone's table would lack them."""
     check_table_suffix(suffix)
     suffix = table_suffix(overrides, suffix)
     df = table_runs(overrides, output_root)
@@ -710,6 +711,9 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
         publish_records(df)
         publish_selections(df, output_root)
         register_collection(tables_dir.parent / COLLECTIONS, name, overrides, metric, suffix, profile)
+    elif unpublished is not None:
+        unpublished += [d for d in df.loc[df["status"] == "ok", "record_dir"].dropna().unique()
+                        if not is_complete(records_dir() / Path(d).name / "metrics.json", Path(d).name)]
     df.drop(columns=["record_dir", "tuning_selection"]).to_csv(tables_dir / f"{name}_runs.csv", index=False)
     summary = attach_reference(summarise(df, metric), meta["paper"], meta["id"], metric,
                                SUMMARY_VARIANTS.get(meta.get("summary")))
