@@ -235,6 +235,21 @@ def test_verdicts_sort_cells_outside_and_a_reading_explains_only_where_it_is_wit
     assert "read as [p_table1_read](tables/p_table1_read.md): 60.00 ✗ outside" in lines
 
 
+def test_a_noise_verdict_explains_only_within_the_measured_spread(monkeypatch):
+    """The released code's measured spread replaces the paper's ± in the tolerance: Δ = 10 with s = 0.5, n = 3 is
+    within 2·sqrt(0.25/3 + 9²/3) = 10.4, not within 2·sqrt(0.25/3 + 8²/3) = 9.3; Δ = 20 is within neither."""
+    from fedbench.report import scoreboard as sb
+    monkeypatch.setattr(sb, "has_reference", lambda paper, table: True)
+    colls = _verdict_colls()
+    for spread, explained in ((9.0, True), (8.0, False)):
+        verdicts = [{"paper": "p", "table": "table1", "verdict": "noise", "spread": spread, "anchor": "p-table1"}]
+        cells = scoreboard_cells(colls, verdicts).set_index(["cell", "method"])
+        assert cells.loc[("d/a", "fedprox"), ["verdict", "explained"]].tolist() == ["noise", explained]
+        assert cells.loc[("d/b", "x"), ["verdict", "explained"]].tolist() == ["noise", False]
+        lines = "\n".join(sb._gaps(scoreboard_cells(colls, verdicts), colls, verdicts, {"p-table1"}))
+        assert f"with the released code's spread ± {spread:.2f}: {'✓ within' if explained else '✗ outside'}" in lines
+
+
 def test_verdict_entries_are_checked_in_one_line():
     from fedbench.report.scoreboard import check_verdicts
     good = {"paper": "p", "table": "t", "verdict": "open", "anchor": "p-t"}
@@ -243,6 +258,10 @@ def test_verdict_entries_are_checked_in_one_line():
                      ({**good, "anchor": None}, "lacks anchor"),
                      ({**good, "verdict": "reading"}, "goes with verdict 'reading'"),
                      ({**good, "reading": "p_t_read"}, "goes with verdict 'reading'"),
+                     ({**good, "verdict": "noise"}, "goes with verdict 'noise'"),
+                     ({**good, "spread": 4.0}, "goes with verdict 'noise'"),
+                     ({**good, "verdict": "noise", "spread": -1}, "positive number"),
+                     ({**good, "verdict": "noise", "spread": "big"}, "positive number"),
                      ({**good, "cell": "d/a"}, "unknown keys")):
         with pytest.raises(FedbenchError, match=msg):
             check_verdicts([good, bad])

@@ -35,6 +35,8 @@ OFFLINE_DATASETS = ("mnist", "fmnist", "uci_credit", "flamby_heart", "fedfisher_
 # What the experiment behind a cell outside tolerance found (campaign.yaml `verdicts:`, gaps.md has the experiment).
 # A cell no entry matches is "untested". "reading" names the collection that runs the paper's setup as the experiment
 # read it; the scoreboard looks the cell up there and counts it explained only where that reading is within tolerance.
+# "noise" carries the standard deviation of the released code's draws measured in the gap experiment (`spread:`): a
+# paper whose printed ± is far below its own code's spread gets the measured one in the tolerance instead.
 VERDICTS = {
     "paper_vs_code": "the paper's released code, run here on the same split, gives fedbench's number, not the "
                      "paper's: a gap between the paper and its code",
@@ -44,6 +46,8 @@ VERDICTS = {
                   "without saying which it reports",
     "reading": "a setting the paper leaves unstated: the named reading of it (a collection of runs) is checked "
                "cell by cell",
+    "noise": "the released code's own spread, measured here over several training draws (`spread:`), replaces the "
+             "paper's printed ±: explained where |Δ| ≤ max(floor, 2·sqrt(s²/n + spread²/n_paper))",
     "open": "hypotheses tested and rejected: not explained yet",
 }
 UNTESTED = "untested"
@@ -70,7 +74,13 @@ def check_verdicts(verdicts: List[Dict[str, Any]], where: Any = CAMPAIGN) -> Non
         if (v["verdict"] == "reading") != bool(v.get("reading")):
             raise FedbenchError(f"{where}: verdicts[{i}]: `reading: <collection>` goes with verdict 'reading' "
                                 "and only with it")
-        unknown = set(v) - {"paper", "table", "cells", "methods", "verdict", "anchor", "reading", "note"}
+        if (v["verdict"] == "noise") != ("spread" in v):
+            raise FedbenchError(f"{where}: verdicts[{i}]: `spread: <std of the released code's draws>` goes with "
+                                "verdict 'noise' and only with it")
+        if "spread" in v and not (isinstance(v["spread"], (int, float)) and not isinstance(v["spread"], bool)
+                                  and v["spread"] > 0):
+            raise FedbenchError(f"{where}: verdicts[{i}]: spread must be a positive number, got {v['spread']!r}")
+        unknown = set(v) - {"paper", "table", "cells", "methods", "verdict", "anchor", "reading", "spread", "note"}
         if unknown:
             raise FedbenchError(f"{where}: verdicts[{i}] has unknown keys {sorted(unknown)}")
 
@@ -308,7 +318,8 @@ def _claims(plan: dict, colls: dict) -> List[str]:
 
 _VERDICT_TITLES = {"paper_vs_code": "Paper vs its released code", "solver": "The released solver diverges",
                    "one_number": "One paper number for several settings", "reading": "An unstated setting, read",
-                   "open": "Open: tested, not explained", UNTESTED: "Untested"}
+                   "noise": "Within the released code's own spread", "open": "Open: tested, not explained",
+                   UNTESTED: "Untested"}
 
 
 def _num(x) -> str:
@@ -326,6 +337,9 @@ def _gap_line(row: dict, colls: dict, verdicts: list, anchors) -> str:
         there = _reading_cell(colls, v["reading"], row["cell"], row["method"])
         line += (f"; read as [{v['reading']}](tables/{v['reading']}.md): " +
                  ("not run there" if there is None else f"{there[0]:.2f} {'✓ within' if there[1] else '✗ outside'}"))
+    if v and v["verdict"] == "noise":
+        line += f"; with the released code's spread ± {float(v['spread']):.2f}: " + \
+            ("✓ within" if row["explained"] else "✗ outside")
     return line
 
 
@@ -368,13 +382,18 @@ CELL_COLUMNS = ["paper", "table", "collection", "cell", "method", "metric", "our
                 "all_seeds", "within", "verdict", "explained"]
 
 
-def _verdict_of(colls: dict, verdicts: list, row: dict) -> tuple:
-    """(verdict, explained, reading detail) of a cell outside tolerance; verdict "" for a cell within."""
+def _verdict_of(colls: dict, verdicts: list, row: dict, summary_row: dict | None = None,
+                paper_n: int | None = None) -> tuple:
+    """(verdict, explained, reading detail) of a cell outside tolerance; verdict "" for a cell within. A "noise"
+    verdict re-checks the cell's summary row with the measured spread in place of the paper's ±."""
     if row["within"]:
         return "", False, None
     v = match_verdict(verdicts, row["paper"], row["table"], row["cell"], row["method"])
     if v is None:
         return UNTESTED, False, None
+    if v["verdict"] == "noise":
+        ok = summary_row is not None and within_tolerance({**summary_row, "paper_std": float(v["spread"])}, paper_n)
+        return "noise", bool(ok), None
     if v["verdict"] != "reading":
         return v["verdict"], v["verdict"] in EXPLAINED, None
     there = _reading_cell(colls, v["reading"], row["cell"], row["method"])
@@ -406,7 +425,7 @@ def scoreboard_cells(colls: dict, verdicts: list | None = None) -> pd.DataFrame:
                        "ours": round(float(r["mean"]), 4) if not pd.isna(r["mean"]) else None,
                        "n": int(r["n"]), "never": int(r.get("never") or 0), "paper_value": float(r["paper"]),
                        "all_seeds": bool(paper_n and int(r["n"]) >= paper_n), "within": bool(ok)}
-                row["verdict"], row["explained"], _ = _verdict_of(colls, verdicts or [], row)
+                row["verdict"], row["explained"], _ = _verdict_of(colls, verdicts or [], row, r, paper_n)
                 rows.append(row)
     return pd.DataFrame(rows, columns=CELL_COLUMNS)
 
