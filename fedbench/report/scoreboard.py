@@ -47,7 +47,7 @@ VERDICTS = {
     "reading": "a setting the paper leaves unstated: the named reading of it (a collection of runs) is checked "
                "cell by cell",
     "noise": "the released code's own spread, measured here over several training draws (`spread:`), replaces the "
-             "paper's printed ±: explained where |Δ| ≤ max(floor, 2·sqrt(s²/n + spread²/n_paper))",
+             "paper's printed ±: explained where the difference is within max(floor, 2·sqrt(s²/n + spread²/n_paper))",
     "open": "hypotheses tested and rejected: not explained yet",
 }
 UNTESTED = "untested"
