@@ -116,6 +116,15 @@ step_fedfisher_fmnist() {        # Tables 2, 4, 5 (4 and 5 reuse Table 2's cache
     table experiment=fedfisher/table5 profile=paper
     table experiment=fedfisher/figure1a profile=paper
 }
+step_fedbens_tables567_fmnist() {   # Tables 6 (5x smaller client data), 7 (customised M), 5 (FedFisher K-FAC over 5
+                                    # rounds); alpha 0.05, 0.4 x 3 seeds; their FedFisher / FedBEns M = 5 runs are Table 1's
+    for t in 6 7 5; do
+        run experiment=fedbens/table$t profile=paper dataset=fmnist
+    done
+    for t in 6 7 5; do
+        table experiment=fedbens/table$t profile=paper dataset=fmnist
+    done
+}
 step_fedlpa_table6_fmnist() {    # 9 partitions x 3 seeds, one partition and seed per call (each a few CPU minutes)
     for seed in 0 1 2; do
         for p in "${LPA_PARTITIONS[@]}"; do
@@ -184,7 +193,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 }
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
-       fedbens_table1_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
+       fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog)
 
 usage() {
