@@ -73,3 +73,21 @@ def test_fedlpa_bad_training_seed(tmp_path):
         out = _run(LPA, str(tmp_path), "0", "noniid-#label2", "fedavg", *bad)
         assert out.returncode == 2 and "whole numbers" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "data").exists()
+
+
+def test_fedlpa_dataset_and_fedlpa_script(tmp_path, tmp_path_factory):
+    (tmp_path / "experiments.py").write_text("raise SystemExit('must not run')\n")
+    out = _run(LPA, str(tmp_path), "0", "noniid-#label2", env_extra={"DATASET": "cifar10"})
+    assert out.returncode == 2 and "DATASET must be fmnist or mnist" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    data_root = tmp_path_factory.mktemp("datasets")
+    (data_root / "MNIST" / "raw").mkdir(parents=True)
+    # alg 'our' (FedLPA itself) needs the released experiments_our.py
+    out = _run(LPA, str(tmp_path), "0", "noniid-#label2", "our",
+               env_extra={"DATASET": "mnist", "FEDBENCH_DATA_ROOT": str(data_root)})
+    assert out.returncode == 2 and "has no experiments_our.py" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    empty_root = tmp_path_factory.mktemp("no_datasets")
+    out = _run(LPA, str(tmp_path), "0", "noniid-#label2", env_extra={"DATASET": "mnist", "FEDBENCH_DATA_ROOT": str(empty_root)})
+    assert out.returncode == 2 and "no MNIST copy" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()

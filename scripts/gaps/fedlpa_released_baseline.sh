@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# One-shot FedAvg (or FedNova, SCAFFOLD) with FedLPA's released code, side by side with fedbench on the same split
+# One-shot FedAvg (or FedNova, SCAFFOLD, or FedLPA itself: alg 'our') with FedLPA's released code, side by side with
+# fedbench on the same split
 # (results/gaps.md, FedLPA Table 6 "Baselines"). The released repository is run unchanged, never copied: fetch it
 # (github.com/lebronlambert/FedLPA_NeurIPS2024, commit 08dd729), then
 #
 #   bash scripts/gaps/fedlpa_released_baseline.sh <released checkout> <seed> <partition> [alg] [epochs] [train seed]
 #   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 0 'noniid-labeldir --beta=0.5'
 #   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 1 'noniid-#label2'
+#   DATASET=mnist bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 1 'noniid-labeldir --beta=0.05' our 20
 #
 # The flags are those of the released scripts/experiments.sh (lr 0.01, momentum 0.9, batch 64, 10 parties, 1 round),
-# on the CPU with one thread. Fashion-MNIST comes from the offline copy (FEDBENCH_DATA_ROOT or ../shared/datasets),
+# on the CPU with one thread; alg 'our' runs experiments_our.py (FedLPA, --coor=0.999 as the scripts), whose logged
+# accuracy is max(GD, EA) on the test set. DATASET=fmnist (default) or mnist comes from the offline copy (for MNIST the
+# wrapper repairs the released loader's dispatch, which sends mnist to its synthetic-data class; see below)
+# (FEDBENCH_DATA_ROOT or ../shared/datasets),
 # decompressed under <checkout>/data, since torchvision looks for the raw files there and would try to download them.
 # It prints the released log's label counts per client (to check the split against fedbench's record) and the
 # global model's test accuracy.
@@ -23,18 +28,24 @@ REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}; TRAI
 [[ "$SEED$TRAIN_SEED" =~ ^[0-9]+$ && "$EPOCHS" =~ ^[0-9]+$ ]] || { echo "error: seeds and epochs must be whole numbers (got '$SEED' '$TRAIN_SEED' '$EPOCHS')" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
-SRC=${FEDBENCH_DATA_ROOT:-$HERE/../shared/datasets}/FashionMNIST/raw
+DATASET=${DATASET:-fmnist}
+case $DATASET in fmnist) DIR=FashionMNIST ;; mnist) DIR=MNIST ;;
+    *) echo "error: DATASET must be fmnist or mnist (got '$DATASET')" >&2; exit 2 ;; esac
+SCRIPT=experiments.py; EXTRA=""
+[ "$ALG" = our ] && { SCRIPT=experiments_our.py; EXTRA=--coor=0.999; }
+SRC=${FEDBENCH_DATA_ROOT:-$HERE/../shared/datasets}/$DIR/raw
 [ -f "$REL/experiments.py" ] || { echo "error: $REL has no experiments.py (not FedLPA's released code)" >&2; exit 2; }
-[ -d "$SRC" ] || { echo "error: no Fashion-MNIST copy at $SRC (set FEDBENCH_DATA_ROOT)" >&2; exit 2; }
-mkdir -p "$REL/data/FashionMNIST/raw" "$REL/logs" "$REL/models"
+[ -f "$REL/$SCRIPT" ] || { echo "error: $REL has no $SCRIPT (alg '$ALG' runs it)" >&2; exit 2; }
+[ -d "$SRC" ] || { echo "error: no $DIR copy at $SRC (set FEDBENCH_DATA_ROOT)" >&2; exit 2; }
+mkdir -p "$REL/data/$DIR/raw" "$REL/logs" "$REL/models"
 for f in "$SRC"/*.gz; do
-    out="$REL/data/FashionMNIST/raw/$(basename "$f" .gz)"
+    out="$REL/data/$DIR/raw/$(basename "$f" .gz)"
     [ -f "$out" ] || gunzip -c "$f" > "$out"
 done
 cd "$REL"
 before=$(ls logs | wc -l)
 # shellcheck disable=SC2086
-OMP_NUM_THREADS=1 TRAIN_SEED="$TRAIN_SEED" "$PY" -c "
+OMP_NUM_THREADS=1 TRAIN_SEED="$TRAIN_SEED" DATASET="$DATASET" "$PY" -c "
 import os, random, runpy, sys, numpy, torch
 torch.set_num_threads(1)
 if os.environ['TRAIN_SEED']:
@@ -46,10 +57,19 @@ if os.environ['TRAIN_SEED']:
         s = int(os.environ['TRAIN_SEED']); numpy.random.seed(s); torch.manual_seed(s); random.seed(s)
         return out
     utils.partition_data = split_then_reseed
+if os.environ['DATASET'] == 'mnist':
+    # released utils.get_dataloader: after its 'mnist' branch, an 'if emnist ... else' chain sends mnist to the
+    # Generated loader (data/generated/*.npy) with no transform; give that branch MNIST with ToTensor, the branch's
+    # own transform at --noise=0 (the released files are unchanged)
+    sys.path.insert(0, '.')
+    import utils, torchvision.transforms as T
+    def mnist(datadir, dataidxs=None, train=True, transform=None, download=False, **kw):
+        return utils.MNIST_truncated(datadir, dataidxs=dataidxs, train=train, transform=T.ToTensor(), download=download)
+    utils.Generated = mnist
 sys.argv = sys.argv[1:]
-runpy.run_path('experiments.py', run_name='__main__')" experiments.py --model=simple-cnn --dataset=fmnist \
+runpy.run_path(sys.argv[0], run_name='__main__')" $SCRIPT --model=simple-cnn --dataset=$DATASET \
     --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties=10 --rho=0.9 --comm_round=1 \
-    --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" > run.out 2>&1 \
+    --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" $EXTRA > run.out 2>&1 \
     || { echo "error: the released run failed: $(tail -1 run.out) (full output: $REL/run.out)" >&2; exit 1; }
 [ "$(ls logs | wc -l)" -gt "$before" ] || { echo "error: the released run wrote no log" >&2; exit 1; }
 log=$(ls -t logs/*experiment_log-*.log | head -1)
