@@ -283,3 +283,17 @@ def test_committed_verdicts_link_to_gaps_and_name_committed_readings():
                 if match_verdict([v], r["paper"], r["table"], r["cell"], r["method"]) is not None]
         assert hits, f"verdict matches no cell outside tolerance: {v}"
     assert "explanation missing" not in (ROOT / "results" / "REPRODUCTION.md").read_text()
+
+
+def test_setting_variants_count_each_setting_run_apart():
+    """FedProx's four μ against one paper FedProx number are four runnable cells: three beyond the paper's one, on
+    offline data only (an SVHN row adds none), and a method with one setting adds nothing."""
+    from fedbench.report.scoreboard import setting_variants
+    summary = pd.DataFrame([
+        {"dataset": "mnist", "partition": "beta=0.1", "method": m, "n": 3, "mean": 50.0, "paper": 45.0}
+        for m in ("fedavg", "fedprox(mu=0.001)", "fedprox(mu=0.01)", "fedprox(mu=0.1)", "fedprox(mu=1.0)")
+    ] + [{"dataset": "svhn", "partition": "beta=0.1", "method": m, "n": 0, "mean": None, "paper": 40.0}
+         for m in ("fedprox(mu=0.001)", "fedprox(mu=0.01)")]
+      + [{"dataset": "mnist", "partition": "beta=0.5", "method": "fedprox(mu=0.01)", "n": 0, "mean": None, "paper": None}])
+    colls = {"t": {"summary": summary, "meta": {"rows": ["dataset", "partition"]}}}
+    assert setting_variants(["t"], colls) == 3
