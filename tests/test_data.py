@@ -198,6 +198,22 @@ def test_uci_credit_positive_class_switch(tmp_path):
 
 
 @needs_uci
+def test_uci_credit_raw_numeric_switch(tmp_path):
+    """standardize=false keeps the six numeric columns raw (same rows, same one-hot block); the standardised columns are
+    exactly (raw - mean) / population std over all 653 rows."""
+    std = load_dataset("uci_credit", tmp_path, mirror=MIRROR, download=False)
+    raw = load_dataset("uci_credit", tmp_path, mirror=MIRROR, download=False, standardize=False)
+    assert torch.equal(std.train_y, raw.train_y) and torch.equal(std.train_x[:, 6:], raw.train_x[:, 6:])
+    allraw = torch.cat([raw.test_x, raw.train_x])[:, :6].double()
+    z = (allraw - allraw.mean(0)) / allraw.std(0, unbiased=False)
+    assert torch.allclose(z.float(), torch.cat([std.test_x, std.train_x])[:, :6], atol=1e-5)
+    assert float(allraw[:, 5].max()) == 100000.0     # A15, income: why a paper that skipped scaling would differ
+    with pytest.raises(FedbenchError, match="standardize") as e:
+        load_dataset("uci_credit", tmp_path, mirror=MIRROR, download=False, standardize="no")
+    assert "\n" not in str(e.value)
+
+
+@needs_uci
 def test_uci_file_checksum(tmp_path):
     (tmp_path / "uci").mkdir()
     text = (MIRROR / "uci" / "crx.data").read_text()

@@ -72,7 +72,7 @@ CREDIT_CATEGORICAL = (0, 3, 4, 5, 6, 8, 9, 11, 12)
 CREDIT_CLASSES = ("+", "-")
 
 
-def credit_arrays(path: Path, positive_class: str = "+") -> Tuple[np.ndarray, np.ndarray]:
+def credit_arrays(path: Path, positive_class: str = "+", standardize: bool = True) -> Tuple[np.ndarray, np.ndarray]:
     """All complete rows of crx.data, shuffled and encoded: x float64 [653, 46], y int64 (positive_class = 1).
 
     Rows with any '?' are dropped (690 -> 653); rows are permuted with the legacy NumPy
@@ -82,6 +82,8 @@ def credit_arrays(path: Path, positive_class: str = "+") -> Tuple[np.ndarray, np
     ``positive_class`` '+' (approved, 45%: the paper's "45% positive") or '-' (PVI's OrdinalEncoder, which
     sorts '+' before '-' and so codes '-' as 1). Only the label coding changes, but PVI's split gives its
     small clients mostly label-0 rows, so the two codings hand different rows to different clients.
+    ``standardize=False`` keeps the numeric columns raw (A15 reaches 100000): a reading of a paper that does not state
+    its preprocessing (results/gaps.md#fedlap-table1), not PVI's.
     """
     if positive_class not in CREDIT_CLASSES:
         raise FedbenchError(f"uci_credit: positive_class must be '+' or '-', got {positive_class!r}")
@@ -97,7 +99,8 @@ def credit_arrays(path: Path, positive_class: str = "+") -> Tuple[np.ndarray, np
     raw = raw[~np.any(raw == "?", axis=1)]
     raw = raw[np.random.RandomState(0).permutation(len(raw))]
     num = raw[:, list(CREDIT_NUMERIC)].astype(np.float64)
-    num = (num - num.mean(0)) / num.std(0)
+    if standardize:
+        num = (num - num.mean(0)) / num.std(0)
     blocks = [num]
     for j in CREDIT_CATEGORICAL:
         cats = np.unique(raw[:, j])
@@ -109,7 +112,7 @@ def credit_arrays(path: Path, positive_class: str = "+") -> Tuple[np.ndarray, np
 
 @DATASETS.register("uci_credit")
 def load_uci_credit(root: Path, mirror: Optional[Path], download: bool, *, num_folds: int = 5,
-                    test_fold: int = 0, positive_class: str = "+") -> FedDataset:
+                    test_fold: int = 0, positive_class: str = "+", standardize: bool = True) -> FedDataset:
     """UCI Credit Approval: 653 complete rows, 46 features, test = fold ``test_fold`` of ``num_folds``.
 
     The folds are contiguous blocks of the shuffled rows (like sklearn's unshuffled KFold), so the
@@ -120,7 +123,9 @@ def load_uci_credit(root: Path, mirror: Optional[Path], download: bool, *, num_f
                             f"got {num_folds} and {test_fold}")
     if positive_class not in CREDIT_CLASSES:
         raise FedbenchError(f"uci_credit: positive_class must be '+' or '-', got {positive_class!r}")
-    x, y = credit_arrays(uci_file("uci_credit", "crx.data", root, mirror, download), positive_class)
+    if not isinstance(standardize, bool):
+        raise FedbenchError(f"uci_credit: standardize must be true or false, got {standardize!r}")
+    x, y = credit_arrays(uci_file("uci_credit", "crx.data", root, mirror, download), positive_class, standardize)
     n, k = len(y), int(num_folds)
     sizes = [n // k + (1 if f < n % k else 0) for f in range(k)]
     start = sum(sizes[:int(test_fold)])
