@@ -305,6 +305,23 @@ def test_loop_trains_members_and_caches_them(tmp_path):
     assert setup3.cache.hits == 1 and setup3.cache.misses == 0
 
 
+def test_member_curvature_cache_follows_the_member_init_rule(tmp_path):
+    """Table 7's perturbed replicas share Table 1's client stage: member 1's curvature must be computed at the replica,
+    not read from the reset member 1 cached under the same index (the bug behind the first Table 7 records)."""
+    cfg = dict(members=2, laplace="kron", select="min_objective", server_steps=3)
+    init = {n: p.detach().clone() for n, p in _setup().model.to(torch.float32).named_parameters()}
+    reset = _setup(cache=ClientStageCache(tmp_path), dtype=torch.float32)
+    run_rounds(reset, _algo(reset, **cfg), init, 1, progress=False)
+    shared = _setup(cache=ClientStageCache(tmp_path), dtype=torch.float32)
+    state, _ = run_rounds(shared, _algo(shared, member_init="perturb", **cfg), init, 1, progress=False)
+    # cached: member 0's training and both clients' member-0 curvature; new: member 1's training and curvatures
+    assert shared.cache.hits == 1 + 2 and shared.cache.misses == 1 + 2
+    alone = _setup(dtype=torch.float32)
+    expect, _ = run_rounds(alone, _algo(alone, member_init="perturb", **cfg), init, 1, progress=False)
+    for m in range(2):
+        assert all(torch.allclose(state["components"][m][n], expect["components"][m][n]) for n in init)
+
+
 def test_members_per_client_and_uplink():
     setup = _setup(dtype=torch.float32, epochs=1)
     init = {n: p.detach().clone() for n, p in setup.model.named_parameters()}

@@ -376,7 +376,10 @@ class FedBEns(Algorithm):
             return []
         out = []
         for m, p in enumerate(self._members(client_id, params)[0]):
-            parts = {"member": m, "structure": LAPLACE[self.laplace], "fisher": self.fisher, "scale": "sum",
+            # member m >= 1 is keyed as its training is (index and init rule): Table 7's perturbed replicas share
+            # the stage of Table 1's reset members, and an index alone handed them those members' curvature
+            parts = {"member": self.member_key(m) if m else 0, "structure": LAPLACE[self.laplace],
+                     "fisher": self.fisher, "scale": "sum",
                      "conv_convention": self.conv_convention if self.laplace == "kron" else None,
                      "bias_augment": self.bias_augment if self.laplace == "kron" else None}
             out.append(ClientProduct("fedbens_curvature", parts, p, label=f"curvature{m}",
