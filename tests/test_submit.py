@@ -30,6 +30,8 @@ def test_local_array_runs_and_resubmit_skips(tmp_path, monkeypatch):
     assert len(list((tmp_path / "out" / "runs").glob("*/metrics.json"))) == 2
     todo, done = plan(sweep, os.getcwd())
     assert todo == [] and len(done) == 2
+    todo, done = plan(sweep + ["force=true"], os.getcwd())   # the run's own force switch reaches the plan
+    assert len(todo) == 2 and done == []
     jobs, _, _ = submit(sweep + ["seed=0,1,2"], cluster="local", folder=str(tmp_path / "submitit" / "%j"),
                         launch_dir=os.getcwd())
     assert len(jobs) == 1  # only the missing seed

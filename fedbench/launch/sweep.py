@@ -144,7 +144,8 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
             finished = all(is_finished(s, launch_dir) for s in subs)
         else:
             finished = is_finished(cfg, launch_dir)
-        (done if finished and not force else todo).append(ovs)
+        # force=true among the overrides reruns too (run.py honours it; the plan used to skip such runs silently)
+        (done if finished and not (force or cfg.get("force", False)) else todo).append(ovs)
     return todo, done
 
 
