@@ -45,6 +45,13 @@ def test_committed_record_is_skipped_on_a_fresh_machine(tmp_path, monkeypatch):
     write_json_atomic(target / "metrics.json", {**rec, "status": "failed"})
     publish_record(path.parent, store)                               # ... but a failed one is replaced
     assert json.loads((target / "metrics.json").read_text())["wall_seconds"] == 12345.0
+    forced = {**rec, "wall_seconds": 7.0, "config": {**rec["config"], "force": True}, "finished": "2999-01-01T00:00:00"}
+    write_json_atomic(path, forced)                                   # a forced rerun (after a fix) replaces it
+    publish_record(path.parent, store)
+    assert json.loads((target / "metrics.json").read_text())["wall_seconds"] == 7.0
+    write_json_atomic(path, {**forced, "wall_seconds": 8.0, "finished": "2000-01-01T00:00:00"})
+    publish_record(path.parent, store)                               # ... but not with an older one
+    assert json.loads((target / "metrics.json").read_text())["wall_seconds"] == 7.0
     shutil.rmtree(tmp_path / "out")                                  # a fresh clone: no outputs/
     monkeypatch.setenv("FEDBENCH_RECORDS", str(store))
     p = run(SMALL + ["rounds=1"], tmp_path)

@@ -196,10 +196,17 @@ def load_record(output_root: Path, run_id: str) -> Dict[str, Any]:
     return {}
 
 
+def _forced_rerun(rec: dict, committed: Optional[dict]) -> bool:
+    """... except a forced one (force=true, finished after the committed copy): a rerun that is meant to replace it."""
+    later = str(rec.get("finished") or "") > str((committed or {}).get("finished") or "")
+    return bool((rec.get("config") or {}).get("force")) and later
+
+
 def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path]:
     """Copy a complete run record (``RECORD_FILES``, no weights) into the committed store; returns the target
     folder, or None when ``run_dir`` holds no complete current record or already is the store's copy. A complete
-    current record already in the store is kept as it is (only a missing, failed or stale one is replaced)."""
+    current record already in the store is kept as it is (only a missing, failed or stale one is replaced), unless
+    ``run_dir`` holds a deliberate rerun: made with ``force=true`` (e.g. after a fix) and finished later."""
     store = Path(store) if store is not None else records_dir()
     run_dir = Path(run_dir)
     rec = read_record(run_dir / "metrics.json")
@@ -208,8 +215,9 @@ def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path
     target = store / str(rec["run_id"])
     if target.resolve() == run_dir.resolve():
         return None
-    if is_complete(target / "metrics.json", rec["run_id"]):
-        return target           # the committed copy is the provenance of a table: a rerun never replaces it
+    kept = is_complete(target / "metrics.json", rec["run_id"])
+    if kept and not _forced_rerun(rec, read_record(target / "metrics.json")):
+        return target           # the committed copy is the provenance of a table: a rerun never replaces it ...
     for name in RECORD_FILES:
         src = run_dir / name
         if src.is_file():
