@@ -129,6 +129,15 @@ step_fedbens_tables567_fmnist() {   # Tables 6 (5x smaller client data), 7 (cust
     done
     table --name m3first experiment=fedbens/table7 profile=paper dataset=fmnist "$m3first"
 }
+step_fedbens_figures_fmnist() {   # Figs. 4 (T), 5 (sigma^2), 3 (Diag+Full vs K-FAC over M), 2 (M, 4 alpha x 5 seeds): server
+                                  # sweeps on Table 1's members and curvature (client-stage cache; retrained where absent)
+    for f in 4 5 3 2; do
+        run experiment=fedbens/figure$f profile=paper dataset=fmnist
+    done
+    for f in 4 5 3 2; do
+        table experiment=fedbens/figure$f profile=paper dataset=fmnist
+    done
+}
 step_fedlpa_table6_fmnist() {    # 9 partitions x 3 seeds, one partition and seed per call (each a few CPU minutes)
     for seed in 0 1 2; do
         for p in "${LPA_PARTITIONS[@]}"; do
@@ -198,7 +207,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog)
+       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
