@@ -73,3 +73,31 @@ def test_products_served_from_the_cache_keep_their_compute_time(tmp_path):
     # what the second run adds is the factor passes' own times, which were part of the first run's client_post_s
     served = second[0].client_post_compute_s - second[0].client_post_s
     assert 0 < served <= computed
+
+
+def test_product_computed_at_other_weights_is_recomputed(tmp_path, capsys):
+    """A product entry records the weights it was computed at: one keyed like it but asked for at other weights (the
+    FedBEns Table 7 defect: perturbed replicas keyed like reset members) is recomputed, with a warning, not served."""
+    from fedbench.algorithms.base import ClientProduct
+    from fedbench.fl.cache import weights_fingerprint
+    from fedbench.fl.products import ProductStage
+
+    for memory in (False, True):
+        s = _cached_setup(tmp_path / f"m{memory}")
+        if memory:
+            s.cache = ClientStageCache(None, memory={})
+        stage = ProductStage(s)
+        names = [n for n, _ in s.model.named_parameters()]
+        w0 = {n: p.detach().clone() for n, p in s.model.named_parameters()}
+        w1 = {n: t + 0.5 for n, t in w0.items()}
+        norm = lambda worker: {"norm": sum(p.detach().pow(2).sum() for p in worker.parameters())}  # noqa: E731
+        at = lambda w: ClientProduct("toy_norm", {"member": 1}, w, norm)  # noqa: E731
+        st = {"test": "toy"}
+        a = stage._one(at(w0), 0, st)
+        b = stage._one(at(w1), 0, st)   # same key, other weights
+        assert s.cache.misses == 2 and not torch.equal(a["norm"], b["norm"])
+        assert torch.equal(stage._one(at(w1), 0, st)["norm"], b["norm"]) and s.cache.hits == 1
+        if not memory:
+            assert "other weights" in capsys.readouterr().err
+    assert weights_fingerprint(w0) == weights_fingerprint({n: w0[n].clone() for n in reversed(names)})
+    assert weights_fingerprint(w0) != weights_fingerprint(w1)

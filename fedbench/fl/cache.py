@@ -5,7 +5,9 @@ every rerun reuses the same clients (DESIGN.md "client-stage cache").
 Entries are single files written atomically (temp file + rename), so concurrent jobs sharing
 the cache never see torn files; an entry that fails to load, whose recorded key parts do not
 match, that has no checksum (written before checksums) or whose SHA-256 does not match its
-content (fedbench/checksums.py) is reported, deleted and recomputed, never used. A missing entry
+content (fedbench/checksums.py) is reported, deleted and recomputed, never used; so is an entry computed at other
+weights than the caller's (``fingerprint``: a client product's weights, so a key that fails to tell two members or
+two trainings apart recomputes, with a warning, instead of serving the wrong curvature). A missing entry
 is computed under a claim on its key (fedbench/results/claims.py): a second process needing the
 same stage waits for the first one's entry and loads it instead of training the clients again.
 """
@@ -52,13 +54,13 @@ class ClientStageCache:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pt"
 
-    def load(self, parts: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    def load(self, parts: Dict[str, Any], fingerprint: Optional[str] = None) -> Optional[Dict[str, Any]]:
         if not self.enabled:
             return None
         key = cache_key(parts)
         if self.memory is not None:
             entry = self.memory.get(key)
-            if entry is None:
+            if entry is None or not _same_weights(entry, fingerprint):
                 return None
             self.hits += 1
             self.served_s += float(entry.get("seconds") or 0.0)
@@ -75,6 +77,9 @@ class ClientStageCache:
                 return self._discard(path, "has no checksum (written by an older fedbench)")
             if payload_sha256(_checked_part(entry)) != entry["sha256"]:
                 return self._discard(path, "checksum mismatch")
+            if not _same_weights(entry, fingerprint):
+                return self._discard(path, "was computed at other weights than this run's (a cache key that does not "
+                                           "tell them apart, or retrained clients)")
             self.hits += 1
             self.served_s += float(entry.get("seconds") or 0.0)
             return entry["payload"]
@@ -90,18 +95,22 @@ class ClientStageCache:
             pass
         return None
 
-    def save(self, parts: Dict[str, Any], payload: Dict[str, Any], seconds: Optional[float] = None) -> None:
-        """``seconds``: what computing the payload cost, kept so a record served from the cache still reports it."""
+    def save(self, parts: Dict[str, Any], payload: Dict[str, Any], seconds: Optional[float] = None,
+             fingerprint: Optional[str] = None) -> None:
+        """``seconds``: what computing the payload cost, kept so a record served from the cache still reports it;
+        ``fingerprint``: the weights it was computed at (``weights_fingerprint``), checked on load."""
         if not self.enabled:
             return
         key = cache_key(parts)
         if self.memory is not None:
-            self.memory[key] = {"payload": _clone(payload), "seconds": seconds}
+            self.memory[key] = {"payload": _clone(payload), "seconds": seconds, "fingerprint": fingerprint}
             return
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"key": key, "parts": json.dumps(parts, sort_keys=True, default=str), "payload": payload,
                  "seconds": None if seconds is None else float(seconds)}
+        if fingerprint is not None:
+            entry["fingerprint"] = str(fingerprint)
         entry["sha256"] = payload_sha256(_checked_part(entry))
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
         os.close(fd)
@@ -114,13 +123,13 @@ class ClientStageCache:
             raise
 
     def get_or_compute(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]],
-                       device: Optional[torch.device] = None) -> Dict[str, Any]:
-        hit = self.load(parts)
+                       device: Optional[torch.device] = None, fingerprint: Optional[str] = None) -> Dict[str, Any]:
+        hit = self.load(parts, fingerprint)
         if hit is None:
             with self._claim(parts):
-                hit = self.load(parts)   # another process may have stored it while we waited
+                hit = self.load(parts, fingerprint)   # another process may have stored it while we waited
                 if hit is None:
-                    return self._compute_and_save(parts, compute)
+                    return self._compute_and_save(parts, compute, fingerprint)
         return _to(hit, device) if device is not None else hit
 
     def _claim(self, parts: Dict[str, Any]):
@@ -130,12 +139,24 @@ class ClientStageCache:
         key = cache_key(parts)
         return claim(self.path(key).with_suffix(".claim"), f"client-stage cache entry {key[:12]}")
 
-    def _compute_and_save(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    def _compute_and_save(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]],
+                          fingerprint: Optional[str] = None) -> Dict[str, Any]:
         self.misses += 1
         t0 = time.perf_counter()
         payload = compute()
-        self.save(parts, _to(payload, torch.device("cpu")), seconds=time.perf_counter() - t0)
+        self.save(parts, _to(payload, torch.device("cpu")), seconds=time.perf_counter() - t0, fingerprint=fingerprint)
         return payload
+
+
+def weights_fingerprint(params: Dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a weight dict (names, dtypes, shapes, values): what a client product was computed at."""
+    return payload_sha256(dict(params))
+
+
+def _same_weights(entry: Dict[str, Any], fingerprint: Optional[str]) -> bool:
+    """An entry written without a fingerprint (or a caller without one) cannot be checked, and passes."""
+    have = entry.get("fingerprint")
+    return fingerprint is None or have is None or have == fingerprint
 
 
 def _checked_part(entry: Dict[str, Any]) -> Dict[str, Any]:

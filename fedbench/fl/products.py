@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from fedbench.algorithms.base import Algorithm, ClientProduct, Message, Params
+from fedbench.fl.cache import weights_fingerprint
 
 
 class ProductStage:
@@ -50,7 +51,7 @@ class ProductStage:
         if cache is None or not cache.enabled or stage is None or product.parts is None:
             return compute()
         key = {**stage, "product": product.name, "client": int(client_id), "params": product.parts}
-        return cache.get_or_compute(key, compute, self.setup.device)
+        return cache.get_or_compute(key, compute, self.setup.device, fingerprint=weights_fingerprint(product.at))
 
     def _load(self, dtype: Optional[torch.dtype], at: Params) -> nn.Module:
         model = self.worker(dtype)
