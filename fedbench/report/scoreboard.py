@@ -96,6 +96,11 @@ def match_verdict(verdicts: List[Dict[str, Any]], paper: str, table: str, cell: 
     return None
 
 
+def base_method(label: str) -> str:
+    """The method a table label names: fedbench spells a setting run apart as ``method(key=value)``."""
+    return str(label).split("(")[0]
+
+
 def _reading_cell(colls: dict, name: str, cell: str, method: str):
     """The same cell in the reading's collection: (mean, within) or None when it did not run there. A method whose
     reading spells out its parameters ("fedprox(mu=0.01)" for "fedprox") is found under that one label."""
@@ -106,7 +111,8 @@ def _reading_cell(colls: dict, name: str, cell: str, method: str):
     keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
     keys += ["column"] if "column" in c["summary"] else []
     rows = [r for r in c["summary"].to_dict("records") if "/".join(norm_key(r.get(k)) for k in keys) == cell]
-    hit = [r for r in rows if r["method"] == method] or [r for r in rows if str(r["method"]).startswith(method + "(")]
+    hit = [r for r in rows if r["method"] == method] or \
+        [r for r in rows if base_method(r["method"]) == method and r["method"] != method]
     if len(hit) != 1 or int(hit[0]["n"]) == 0 or hit[0].get("paper") is None or pd.isna(hit[0].get("paper")):
         return None
     ok = within_tolerance(hit[0], paper_n)
@@ -144,7 +150,7 @@ def setting_variants(names: List[str], colls: dict) -> int:
             if "metric" in r and is_cost(r["metric"]):
                 continue
             cell = tuple(norm_key(r.get(k)) for k in keys)
-            seen.setdefault((cell, str(r["method"]).split("(")[0]), set()).add(str(r["method"]))
+            seen.setdefault((cell, base_method(r["method"])), set()).add(str(r["method"]))
     return sum(len(v) - 1 for v in seen.values())
 
 
