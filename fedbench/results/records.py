@@ -197,7 +197,7 @@ def load_record(output_root: Path, run_id: str) -> Dict[str, Any]:
 
 
 def _forced_rerun(rec: dict, committed: Optional[dict]) -> bool:
-    """... except a forced one (force=true, finished after the committed copy): a rerun that is meant to replace it."""
+    """Whether ``rec`` is a deliberate rerun of the committed record: made with force=true and finished after it."""
     later = str(rec.get("finished") or "") > str((committed or {}).get("finished") or "")
     return bool((rec.get("config") or {}).get("force")) and later
 
@@ -217,7 +217,7 @@ def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path
         return None
     kept = is_complete(target / "metrics.json", rec["run_id"])
     if kept and not _forced_rerun(rec, read_record(target / "metrics.json")):
-        return target           # the committed copy is the provenance of a table: a rerun never replaces it ...
+        return target           # the committed copy is the provenance of a table: only a forced, later rerun replaces it
     for name in RECORD_FILES:
         src = run_dir / name
         if src.is_file():
