@@ -198,6 +198,16 @@ step_fedbens_table1_fmnist() {   # 4 alpha x 5 seeds, then Tables 8 and 3 (alpha
     table experiment=fedbens/table3 profile=paper dataset=fmnist
     table experiment=fedbens/table8 profile=paper dataset=fmnist
 }
+step_fedbens_table2_fmnist() {   # Table 2: alpha = 0.3, C = 10, 20, 40 clients; seed by seed, so that every C row gets a
+                                 # seed before any gets a second (about 25 CPU minutes a cell: 5 member stages)
+    for seed in 0 1 2 3 4; do
+        for c in 10 20 40; do
+            run experiment=fedbens/table2 profile=paper dataset=fmnist num_clients=$c "$FEDBENS" seed=$seed
+        done
+    done
+    table experiment=fedbens/table2 profile=paper dataset=fmnist
+}
+
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -207,7 +217,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist)
+       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
