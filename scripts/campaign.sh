@@ -208,6 +208,11 @@ step_fedbens_table2_fmnist() {   # Table 2: alpha = 0.3, C = 10, 20, 40 clients;
     table experiment=fedbens/table2 profile=paper dataset=fmnist
 }
 
+step_fedfisher_table6_mnist() {  # Table 6: the GMI model-inversion study (clients, FedFisher-K-FAC, WGAN-GP, three attacks),
+                                 # MNIST, 3 seeds; a study preset, so one reproduce call runs it all
+    run experiment=fedfisher/table6 profile=paper
+}
+
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -217,7 +222,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist)
+       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2

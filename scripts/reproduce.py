@@ -58,6 +58,8 @@ def main(argv=None) -> int:
         check_table_suffix(args.name)   # a bad --name fails before any training
         from fedbench.report.studies import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
+            if args.dry_run:
+                return dry_run_study(args.overrides)
             for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only):
                 print(f"{'table' if str(p).endswith('.md') else 'figure'} written: {p}")
             return 0
@@ -111,6 +113,19 @@ def main(argv=None) -> int:
         print(f"fedbench: error: {e}", file=sys.stderr)
         return 2
     return 1 if failed else 0   # the table is still written from the runs that finished
+
+
+def dry_run_study(overrides) -> int:
+    """``--dry-run`` of a study preset (FedFisher Table 6, FOLA Figs. 10-12): its runs done and to do."""
+    from pathlib import Path
+
+    from fedbench.report.studies import study_runs
+
+    out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
+    runs = study_runs(overrides, out_root if out_root.is_absolute() else Path(os.getcwd()) / out_root)
+    done = sum(r["record"] is not None for r in runs)
+    print(f"dry run: {done}/{len(runs)} study run(s) done, {len(runs) - done} to do")
+    return 0
 
 
 def dry_run(overrides) -> int:

@@ -189,3 +189,65 @@ def test_setup_reads_dataset_normalize_as_a_run_does(tmp_path, monkeypatch, norm
     want = x if got[0] is None else (x - got[0][0]) / got[1][0]
     assert torch.allclose(setup.train.inputs(torch.arange(4)), want)
     assert sum(len(p) for p in parts) == 400 and set(init) == {n for n, _ in setup.model.named_parameters()}
+
+
+def test_the_whole_study_runs_on_a_tiny_problem(tmp_path, monkeypatch):
+    """End to end (clients, FedFisher's upload, GAN, evaluator, the three attacks): a signature change in the
+    algorithm's upload once broke the study while every piece-wise test above still passed."""
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    tiny = ["local.epochs=1", "algorithm.steps=5", "study.gan_width=8", "study.gan_steps=2", "study.gan_critic_steps=1",
+            "study.attack_steps=2", "study.num_reconstructions=4", "study.grid_per_case=2", "study.evaluator_epochs=1",
+            "study.aux_size=40", "progress=false"]
+    cfg = compose_run(QUICK + _SMALL_DATA + tiny + [f"paths.output_root={tmp_path}"])
+    out = g.run_from_config(cfg, tmp_path / "run", launch_dir=str(tmp_path), log=None)
+    m = out["metrics"]
+    for case in ("local_model_client1", "aggregate", "aggregate_plus_client1_kfac"):
+        assert 0.0 <= m[f"attack_accuracy_{case}"] <= 100.0
+    assert sum(out["client_sizes"]) == 400 and out["uplink_bytes"] > 0
+    assert (tmp_path / "run" / "attack.csv").exists()
+
+
+def test_client1_kfac_is_the_factors_client1_uploads(tmp_path, monkeypatch):
+    """Case (iii) matches the factors FedFisher(K-FAC) sent for client 1, as the server decodes them."""
+    from fedbench.algorithms.fedfisher import FedFisherKFAC, decode_any
+
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    cfg = compose_run(QUICK + _SMALL_DATA + ["local.epochs=1", "algorithm.steps=5", "progress=false",
+                                             f"paths.output_root={tmp_path}"])
+    data, parts, setup, init = g._setup(cfg, str(tmp_path))
+    sent = {}
+    orig = FedFisherKFAC.client_message
+
+    def spy(self, client_id, *a, **k):
+        msg = orig(self, client_id, *a, **k)
+        sent[int(client_id)] = msg.payload["factors"]
+        return msg
+
+    monkeypatch.setattr(FedFisherKFAC, "client_message", spy)
+    tg = g._targets(cfg, setup, init, [len(p) for p in parts])
+    assert set(tg["kfac1"]) == set(sent[0])
+    for mod, (A, G) in tg["kfac1"].items():
+        assert torch.equal(A.cpu(), decode_any(sent[0][mod]["A"]).cpu())
+        assert torch.equal(G.cpu(), decode_any(sent[0][mod]["G"]).cpu())
+        assert torch.allclose(A, A.T) and torch.allclose(G, G.T)
+    assert set(tg["models"]) == {"local_model_client1", "aggregate", "aggregate_plus_client1_kfac"}
+
+
+def test_dry_run_of_the_study_preset_trains_nothing(tmp_path, monkeypatch, capsys):
+    """`reproduce.py --dry-run` on a study preset used to run the study."""
+    import importlib.util
+    from pathlib import Path
+
+    from fedbench.report import studies
+
+    def refuse(*a, **k):
+        raise AssertionError("a dry run ran the study")
+
+    monkeypatch.setattr(studies, "run_study_preset", refuse)
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--dry-run", "experiment=fedfisher/table6", "profile=paper"]) == 0
+    assert capsys.readouterr().out.strip() == "dry run: 0/3 study run(s) done, 3 to do"
+    assert not (tmp_path / "out").exists()

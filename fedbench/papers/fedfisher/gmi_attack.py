@@ -18,7 +18,7 @@ Three levels of server access:
   the extra loss is the element-wise squared difference, summed over all entries, between the K-FAC factors of
   the generated batch through the global model and client 1's K-FAC.
 
-Client 1's K-FAC is exactly FedFisher's upload: the factors of ``FedFisherKFAC._curvature_payload`` (true
+Client 1's K-FAC is exactly FedFisher's upload: the factors of the message client 1 sends (true
 Fisher, nngeometry conv convention, mean over the client's data; SVD-truncated + quantised when the algorithm's
 ``compression`` is on), decoded as the server decodes them. The generated batch's factors are computed by
 ``kfac_factors`` in the same convention, differentiably in the inputs (a test compares it with
@@ -460,11 +460,13 @@ def _targets(cfg, setup, init, sizes: List[int]) -> Dict[str, Any]:
     the three attacked models, client 1's K-FAC as the server decodes it, and their test accuracies."""
     algo = build_algorithm(OmegaConf.to_container(cfg.algorithm, resolve=True), setup)
     captured: Dict[int, Any] = {}
+    uploaded: Dict[int, Any] = {}
     upload = algo.client_message
 
-    def keep(client_id, params, *args, **kwargs):   # the trained client weights, before FedFisher encodes them
+    def keep(client_id, params, *args, **kwargs):   # the trained client weights, and the message FedFisher sends
         captured[int(client_id)] = params
-        return upload(client_id, params, *args, **kwargs)
+        uploaded[int(client_id)] = upload(client_id, params, *args, **kwargs)
+        return uploaded[int(client_id)]
 
     algo.client_message = keep
     state, logs = run_rounds(setup, algo, init, 1, progress=bool(cfg.get("progress", True)))
@@ -473,7 +475,7 @@ def _targets(cfg, setup, init, sizes: List[int]) -> Dict[str, Any]:
     fedavg_params = weighted_average(client_params, sizes)
     # client 1's K-FAC exactly as uploaded (compressed if the algorithm compresses) and decoded by the server
     dev = setup.device
-    payload = algo._curvature_payload(0, client_params[0], 1)["factors"]
+    payload = uploaded[0].payload["factors"]
     kfac1 = {sp.module: (decode_any(payload[sp.module]["A"]).to(dev), decode_any(payload[sp.module]["G"]).to(dev))
              for sp in algo.specs}
     ev = dict(task=setup.task, batch_size=setup.eval_batch_size, n_bins=setup.ece_bins)
