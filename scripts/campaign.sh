@@ -211,6 +211,7 @@ step_fedbens_table2_fmnist() {   # Table 2: alpha = 0.3, C = 10, 20, 40 clients;
 step_fedfisher_table6_mnist() {  # Table 6: the GMI model-inversion study (clients, FedFisher-K-FAC, WGAN-GP, three attacks),
                                  # MNIST, 3 seeds; a study preset, so one reproduce call runs it all
     run experiment=fedfisher/table6 profile=paper
+    table experiment=fedfisher/table6 profile=paper
 }
 
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first

@@ -159,7 +159,9 @@ def missing_methods(overrides: Sequence[str]) -> List[str]:
     names = []
     for ovs in expand_sweep(overrides)[:1]:
         cfg = compose_run(ovs)
-        for entry in OmegaConf.to_container(cfg.get("aggregators") or [], resolve=True):
+        if cfg.get("aggregators") is None:   # one algorithm a run (a study preset, a plain run): nothing listed
+            continue
+        for entry in OmegaConf.to_container(cfg.aggregators, resolve=True):
             name = entry if isinstance(entry, str) else entry.get("name")
             if not (CONF_DIR / "algorithm" / f"{name}.yaml").exists():
                 names.append(name)

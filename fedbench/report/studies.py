@@ -28,7 +28,7 @@ from fedbench.numerics import current
 from fedbench.results.records import write_json_atomic
 from fedbench.report.figures import plot_preset_figures
 from fedbench.report.registry import STUDIES, registered
-from fedbench.report.tables import attach_reference, summarise, table_runs, to_markdown
+from fedbench.report.tables import collect, table_runs
 
 
 def study_name(overrides: Sequence[str]) -> Optional[str]:
@@ -91,26 +91,17 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
         runs = study_runs(overrides, output_root)
         profile = str(runs[0]["config"].get("profile") or "paper") if runs else "paper"
         paths += study.publish(runs, figures_dir, profile)
-    table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables")
+    table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables", publish=True)
     return paths + ([table] if table is not None else [])
 
 
-def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir: Path) -> Optional[Path]:
-    """The study preset's table (``table.columns``) from its run records, beside the paper's numbers:
-    ``<tables_dir>/<paper>_<id>[_<profile>].md`` (+ ``_runs.csv``); None when the preset declares no columns."""
+def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir: Path, *,
+                        publish: bool = False) -> Optional[Path]:
+    """The study preset's table (``table.columns``) from its run records, beside the paper's numbers: ``collect``'s
+    ``<tables_dir>/<paper>_<id>[_<profile>].md`` (+ ``_runs.csv``); with ``publish`` its finished records go into
+    results/records and the collection into results/collections.yaml, as any table's. None without columns."""
 
     df = table_runs(overrides, Path(output_root))
-    meta = df.attrs.get("table") or {}
-    if df.empty or not meta.get("columns"):
+    if df.empty or not (df.attrs.get("table") or {}).get("columns"):
         return None
-    if meta.get("column_methods"):
-        df["method"] = df["column"]
-    profile = str(df["profile"].iloc[0]) if len(df) else "paper"
-    name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}")
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    df.to_csv(tables_dir / f"{name}_runs.csv", index=False)
-    summary = summarise(df, "accuracy")
-    summary = attach_reference(summary, meta["paper"], meta["id"], str(meta.get("metric") or "accuracy"))
-    out = tables_dir / f"{name}.md"
-    out.write_text(to_markdown(summary, meta, profile))
-    return out
+    return collect(overrides, Path(output_root), tables_dir, publish=publish)

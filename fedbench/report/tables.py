@@ -281,7 +281,10 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                             hist = read_history(Path(rec["_dir"]) / "history.csv")
                         val, state = history_value(hist, s.value)
                     val = to_paper_unit(val, s.metric, s.per_client, c.get("num_clients"))
-                    rows.append({**row, "column": s.name, "metric": s.metric, **s.keys, "value": val,
+                    # table.column_methods (a study measuring several of the paper's methods in one run): the
+                    # column is the method, so each joins its own paper row
+                    named = {"method": s.name} if meta.get("column_methods") else {}
+                    rows.append({**row, **named, "column": s.name, "metric": s.metric, **s.keys, "value": val,
                                  "never": bool(s.never and state == "null")})
                 continue
             at_rounds = meta.get("at_rounds")
