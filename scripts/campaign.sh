@@ -219,6 +219,17 @@ step_fedfisher_table6_mnist() {  # Table 6: the GMI model-inversion study (clien
     table experiment=fedfisher/table6 profile=paper
 }
 
+step_fedlpa_table9_fmnist() {    # Table 9: 5 clients, 200 local epochs, 6 beta partitions x 3 seeds, seed-major; FedProx (4 mu, a
+                                 # 200-epoch stage each) and DENSE left out: about 1 CPU hour a run (one 200-epoch stage)
+    local base='aggregators=[fedlpa,fedavg,fednova,scaffold]'
+    for seed in 0 1 2; do
+        for p in 'beta=0.01' 'beta=0.05' 'beta=0.1' 'beta=0.3' 'beta=0.5' 'beta=1.0'; do
+            run experiment=fedlpa/table9 profile=paper "partition.spec='$p'" "$base" seed=$seed
+        done
+    done
+    table experiment=fedlpa/table9 profile=paper
+}
+
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -228,7 +239,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist)
+       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_table9_fmnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
