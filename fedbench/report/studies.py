@@ -28,7 +28,7 @@ from fedbench.numerics import current
 from fedbench.results.records import write_json_atomic
 from fedbench.report.figures import plot_preset_figures
 from fedbench.report.registry import STUDIES, registered
-from fedbench.report.tables import collect, table_runs
+from fedbench.report.tables import collect, preset_meta
 
 
 def study_name(overrides: Sequence[str]) -> Optional[str]:
@@ -101,7 +101,6 @@ def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir:
     ``<tables_dir>/<paper>_<id>[_<profile>].md`` (+ ``_runs.csv``); with ``publish`` its finished records go into
     results/records and the collection into results/collections.yaml, as any table's. None without columns."""
 
-    df = table_runs(overrides, Path(output_root))
-    if df.empty or not (df.attrs.get("table") or {}).get("columns"):
+    if not preset_meta(overrides).get("columns"):   # collect reads the records once
         return None
     return collect(overrides, Path(output_root), tables_dir, publish=publish)
