@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
@@ -142,7 +143,8 @@ def test_preset_composes_and_expands():
 @pytest.mark.parametrize("extra,msg", [(["+study.foo=1"], "no key"), (["study.attack_steps=0"], "attack_steps"),
                                        (["partition=dirichlet_clientwise"], "fedfisher_attack"),
                                        (["algorithm=fedavg"], "fedfisher_kfac"), (["study.cases=[nope]"], "cases"),
-                                       (["study.target_label=4"], "target_label"), (["rounds=2"], "rounds")])
+                                       (["study.target_label=4"], "target_label"), (["rounds=2"], "rounds"),
+                                       (["study.aux_pool=public"], "aux_pool")])
 def test_bad_config_gives_one_line_error(extra, msg):
     cfg = compose_run(expand_sweep(["experiment=fedfisher/table6", "profile=paper"])[0] + extra)
     with pytest.raises(FedbenchError, match=msg) as e:
@@ -205,6 +207,72 @@ def test_the_whole_study_runs_on_a_tiny_problem(tmp_path, monkeypatch):
         assert 0.0 <= m[f"attack_accuracy_{case}"] <= 100.0
     assert sum(out["client_sizes"]) == 400 and out["uplink_bytes"] > 0
     assert (tmp_path / "run" / "attack.csv").exists()
+    assert out["aux_label_counts"][3] == 0      # [P] the server's aux data come from clients 2..K: no 3s
+    # every reconstruction and what the attack needs are kept for the evaluator/attack variants (gap script)
+    saved = torch.load(tmp_path / "run" / out["files"]["attack_inputs"], weights_only=False)
+    assert {k: v.shape[0] for k, v in saved["reconstructions"].items()} == {c: 4 for c in g.CASES}
+    assert set(saved["targets"]) == set(g.CASES) and saved["aux_indices"].numel() == 40
+
+
+def _tiny_study(tmp_path, monkeypatch, extra=()):
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    tiny = ["local.epochs=1", "algorithm.steps=5", "study.gan_width=8", "study.gan_steps=2", "study.gan_critic_steps=1",
+            "study.attack_steps=2", "study.num_reconstructions=4", "study.grid_per_case=2", "study.evaluator_epochs=1",
+            "progress=false", *extra]
+    return compose_run(QUICK + _SMALL_DATA + tiny + [f"paths.output_root={tmp_path}"])
+
+
+def test_aux_pool_all_clients_draws_client1s_3s_and_changes_the_run_id(tmp_path, monkeypatch):
+    """The what-if of gaps.md#fedfisher-table6: the aux data drawn from every client hold 3s; the paper's
+    setting stays out of the run id (records made before the switch keep their ids)."""
+    from fedbench.results.records import compute_run_id
+
+    paper = _tiny_study(tmp_path, monkeypatch, ["study.aux_size=300"])
+    what_if = _tiny_study(tmp_path, monkeypatch, ["study.aux_size=300", "study.aux_pool=all_clients"])
+    data, parts, setup, _ = g._setup(paper, str(tmp_path))
+    st = g.study_settings(paper)
+    st_all = g.study_settings(what_if)
+    st, st_all = {**st, "gan_steps": 1}, {**st_all, "gan_steps": 1}
+    _, counts, _ = g._server_gan(st, setup, data, parts, 0, None)
+    idx, counts_all, _ = g._server_gan(st_all, setup, data, parts, 0, None)
+    assert counts[3] == 0 and counts_all[3] > 0
+    assert len(set(idx.tolist()) & set(np.asarray(parts[0]).tolist())) > 0
+    with pytest.raises(FedbenchError, match="all clients"):
+        g._server_gan({**st_all, "aux_size": 10_000}, setup, data, parts, 0, None)
+    preset = compose_run(expand_sweep(["experiment=fedfisher/table6", "profile=paper"])[0])
+    assert preset.study.aux_pool == "other_clients"
+    no_key = OmegaConf.to_container(preset, resolve=True)
+    del no_key["study"]["aux_pool"]
+    assert compute_run_id(OmegaConf.create(no_key)) == compute_run_id(preset)
+    assert compute_run_id(paper) != compute_run_id(what_if)
+
+
+def test_gap_script_relabels_saved_reconstructions_as_the_record_did(tmp_path, monkeypatch, capsys):
+    """scripts/gaps/fedfisher_table6_attack.py retrains the study's own evaluator: its labels of the saved
+    reconstructions must reproduce the recorded attack accuracy; an attack variant runs from the saved GAN."""
+    import importlib.util
+    from pathlib import Path
+
+    cfg = _tiny_study(tmp_path, monkeypatch, ["study.aux_size=40"])
+    run = tmp_path / "run"
+    out = g.run_from_config(cfg, run, launch_dir=str(tmp_path), log=None)
+    (run / "metrics.json").write_text(json.dumps({"study": "gmi_attack", "metrics": out["metrics"],
+                                                  "config": OmegaConf.to_container(cfg, resolve=True)}))
+    spec = importlib.util.spec_from_file_location(
+        "gap_t6", Path(__file__).resolve().parents[1] / "scripts" / "gaps" / "fedfisher_table6_attack.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.chdir(tmp_path)
+    assert mod.main([str(run), "--evaluators", "mlp", "--csv", str(tmp_path / "a.csv")]) == 0
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "a.csv")
+    assert len(rows) == 3 and (rows["attack_accuracy"] - rows["recorded"]).abs().max() < 1e-6
+    assert "differs from the record" not in capsys.readouterr().out
+    assert mod.main([str(run), "--evaluators", "mlp", "--cases", "aggregate_plus_client1_kfac",
+                     "--attack", "attack_steps=1", "lambda_kfac=0"]) == 0
+    assert mod.main([str(run), "--attack", "lambda=1"]) == 2
+    assert mod.main([str(tmp_path)]) == 2
 
 
 def test_client1_kfac_is_the_factors_client1_uploads(tmp_path, monkeypatch):

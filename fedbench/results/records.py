@@ -26,7 +26,8 @@ OFF_WHEN_ZERO_FRACTION = ("tuning_val",)   # a tuning selection run's hold-out (
 OFF_WHEN_NULL = (("eval", "map_reference"),)
 # Switches (section, key, value) added after records were made: at that value (the old behaviour) they stay out
 # of the identity, for the same reason.
-OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),)   # FedLPA's GD step (results/gaps.md#fedlpa-table6)
+OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),     # FedLPA's GD step (results/gaps.md#fedlpa-table6)
+                ("study", "aux_pool", "other_clients"))   # the GMI study's aux data (gaps.md#fedfisher-table6)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:

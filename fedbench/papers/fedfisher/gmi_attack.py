@@ -59,7 +59,9 @@ from fedbench.algorithms import build_algorithm
 from fedbench.algorithms.base import weighted_average
 from fedbench.algorithms.fedfisher import decode_any
 from fedbench.eval.metrics import evaluate
+from fedbench.results.records import write_torch_atomic
 
+AUX_POOLS = ("other_clients", "all_clients")
 CASES = ("local_model_client1", "aggregate", "aggregate_plus_client1_kfac")
 CASE_LABELS = {"local_model_client1": "(i) client 1's local model",
                "aggregate": "(ii) FedAvg aggregate",
@@ -68,6 +70,8 @@ CASE_LABELS = {"local_model_client1": "(i) client 1's local model",
 #: the ``study`` block's keys and defaults (the preset documents each; [I] = not stated by the paper)
 STUDY_KEYS: Dict[str, Any] = {
     "aux_size": 5000,            # [P] server's auxiliary samples, drawn from clients 2..K
+    "aux_pool": "other_clients",  # [P] other_clients = clients 2..K (no 3s); all_clients = a what-if for
+                                 # results/gaps.md#fedfisher-table6 (the aux draw may hold client 1's 3s)
     "target_label": 3,           # [P] the class to reconstruct (client 1 holds all of it)
     "z_dim": 100,                # [I]
     "gan_width": 64,             # [I] channels of the GAN's first feature maps (generator and critic)
@@ -282,13 +286,14 @@ def invert(G: nn.Module, D: nn.Module, model: nn.Module, *, label: int, num: int
 
 
 def train_evaluator(x: Tensor, y: Tensor, *, hidden: Sequence[int], epochs: int, lr: float, batch_size: int,
-                    num_classes: int, seed: int, normalize=lambda t: t) -> nn.Module:
+                    num_classes: int, seed: int, normalize=lambda t: t, arch: str = "mlp") -> nn.Module:
     """The independent evaluation classifier [I]: an MLP (not the attacked LeNet) trained with Adam on the
-    full training set (``x`` raw images in [0, 1])."""
+    full training set (``x`` raw images in [0, 1]). ``arch`` names another fedbench model for the evaluator
+    variants of scripts/gaps/fedfisher_table6_attack.py (``hidden`` is then unused)."""
 
     torch.manual_seed(seed)
-    model = build_model("mlp", input_shape=tuple(x.shape[1:]), num_classes=num_classes,
-                        hidden=list(hidden)).to(x.device)
+    kw = {"hidden": list(hidden)} if arch == "mlp" else {}
+    model = build_model(arch, input_shape=tuple(x.shape[1:]), num_classes=num_classes, **kw).to(x.device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     n = x.shape[0]
@@ -335,6 +340,8 @@ def study_settings(cfg) -> Dict[str, Any]:
     for key in ("gan_gp_weight", "attack_momentum", "lambda_id", "lambda_kfac"):
         if isinstance(st[key], bool) or not isinstance(st[key], (int, float)) or not st[key] >= 0:
             raise FedbenchError(f"study.{key} must be a number >= 0, got {st[key]!r}")
+    if st["aux_pool"] not in AUX_POOLS:
+        raise FedbenchError(f"study.aux_pool must be one of {', '.join(AUX_POOLS)}, got {st['aux_pool']!r}")
     cases = st["cases"]
     if not isinstance(cases, list) or not cases or any(c not in CASES for c in cases):
         raise FedbenchError(f"study.cases must be a non-empty list of {', '.join(CASES)}, got {cases!r}")
@@ -428,7 +435,7 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     log("test accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in tg["accuracy"].items()))
 
     t1 = time.perf_counter()
-    aux_labels, (G, D, gan_trace) = _server_gan(st, setup, data, parts, seed, log)
+    aux, aux_labels, (G, D, gan_trace) = _server_gan(st, setup, data, parts, seed, log)
     timing["gan_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     evaluator, eval_acc = _evaluator(st, setup, data, seed)
@@ -439,10 +446,11 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     acc = tg["accuracy"]
     metrics: Dict[str, float] = {"evaluator_test_accuracy": eval_acc, "client1_test_accuracy": acc["client1"],
                                  "fedavg_test_accuracy": acc["fedavg"], "fedfisher_test_accuracy": acc["fedfisher"]}
-    rows, images, traces = [], {}, {}
+    rows, images, traces, recon = [], {}, {}, {}
     for case in st["cases"]:
         t3 = time.perf_counter()
-        row, images[case], traces[case] = _attack_case(case, st, setup, tg, G, D, evaluator, seed, data.num_classes)
+        row, recon[case], traces[case] = _attack_case(case, st, setup, tg, G, D, evaluator, seed, data.num_classes)
+        images[case] = recon[case][: st["grid_per_case"]]
         metrics[f"attack_accuracy_{case}"] = row["attack_accuracy"]
         metrics[f"target_model_agreement_{case}"] = row["target_model_says_target"]
         rows.append({**row, "seconds": time.perf_counter() - t3})
@@ -450,9 +458,24 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
         log(f"case {case}: attack accuracy {row['attack_accuracy']:.1f}% (target model says {label}: "
             f"{row['target_model_says_target']:.1f}%)")
     files = _write_outputs(Path(out_dir), rows, images, metrics, st, label, seed, cfg.get("profile"))
+    files["attack_inputs"] = _save_attack_inputs(Path(out_dir), st, G, D, tg, aux, recon)
     return {"files": files, "metrics": metrics, "client_sizes": sizes, "aux_label_counts": aux_labels.tolist(),
             "gan_trace": gan_trace, "attack_traces": traces, "study_timing": timing,
             "uplink_bytes": int(tg["logs"][-1].uplink_bytes) if tg["logs"] else None}
+
+
+def _save_attack_inputs(out: Path, st, G, D, tg, aux, recon) -> str:
+    """What the attack stage needs (GAN, the three targets, client 1's K-FAC, the aux indices, every
+    reconstruction), so that attack and evaluator variants run without retraining the GAN
+    (scripts/gaps/fedfisher_table6_attack.py). Outputs only: results/records keeps the record, no weights."""
+    name = "attack_inputs.pt"
+    write_torch_atomic(out / name, {
+        "generator": G.state_dict(), "critic": D.state_dict(), "z_dim": int(st["z_dim"]),
+        "gan_width": int(st["gan_width"]), "conv": tg["conv"], "aux_indices": torch.as_tensor(aux),
+        "targets": {case: {n: t.detach().cpu() for n, t in p.items()} for case, p in tg["models"].items()},
+        "kfac1": {m: (a.cpu(), g.cpu()) for m, (a, g) in tg["kfac1"].items()},
+        "reconstructions": {case: im.cpu() for case, im in recon.items()}})
+    return name
 
 
 def _targets(cfg, setup, init, sizes: List[int]) -> Dict[str, Any]:
@@ -488,11 +511,14 @@ def _targets(cfg, setup, init, sizes: List[int]) -> Dict[str, Any]:
 
 
 def _server_gan(st, setup, data, parts, seed: int, log):
-    """(2) the server's auxiliary data: aux_size samples of clients 2..K, uniformly without replacement [I];
-    returns (their label counts, the trained (G, D, trace))."""
-    pool = np.concatenate([np.asarray(p) for p in parts[1:]])
+    """(2) the server's auxiliary data: aux_size samples of clients 2..K [P] (``aux_pool=all_clients``: of every
+    client, client 1's 3s included, a what-if), uniformly without replacement [I]; returns (their indices, their
+    label counts, the trained (G, D, trace))."""
+    first = 0 if st["aux_pool"] == "all_clients" else 1
+    pool = np.concatenate([np.asarray(p) for p in parts[first:]])
     if st["aux_size"] > len(pool):
-        raise FedbenchError(f"study.aux_size={st['aux_size']} exceeds the {len(pool)} samples of clients 2..K")
+        which = "all clients" if first == 0 else "clients 2..K"
+        raise FedbenchError(f"study.aux_size={st['aux_size']} exceeds the {len(pool)} samples of {which}")
     aux = np.sort(np.random.default_rng([seed, 0xA0C5]).choice(pool, size=st["aux_size"], replace=False))
     aux_t = torch.as_tensor(aux, dtype=torch.long, device=setup.device)
     aux_labels = np.bincount(np.asarray(data.train_y.cpu())[aux], minlength=int(data.num_classes))
@@ -500,17 +526,17 @@ def _server_gan(st, setup, data, parts, seed: int, log):
                     critic_steps=st["gan_critic_steps"], batch_size=st["gan_batch_size"],
                     lr=float(st["gan_lr"]), gp_weight=float(st["gan_gp_weight"]), seed=seed,
                     width=st["gan_width"], log=log)
-    return aux_labels, gan
+    return aux, aux_labels, gan
 
 
-def _evaluator(st, setup, data, seed: int):
+def _evaluator(st, setup, data, seed: int, arch: str = "mlp"):
     """(3) the evaluation classifier [I]: a different architecture on the full training set; (model, test acc %)."""
     dev = setup.device
     all_idx = torch.arange(len(data.train_y), device=dev)
     evaluator = train_evaluator(setup.train.raw(all_idx), data.train_y.long(), hidden=st["evaluator_hidden"],
                                 epochs=st["evaluator_epochs"], lr=float(st["evaluator_lr"]),
                                 batch_size=st["evaluator_batch_size"], num_classes=int(data.num_classes),
-                                seed=seed + 7, normalize=setup.train.normalize)
+                                seed=seed + 7, normalize=setup.train.normalize, arch=arch)
     test_pred = predict(evaluator, setup.test_inputs(torch.arange(len(data.test_y), device=dev)))
     return evaluator, 100.0 * float((test_pred.cpu() == data.test_y.cpu()).float().mean())
 
@@ -532,7 +558,7 @@ def _attack_case(case: str, st, setup, tg: Dict[str, Any], G, D, evaluator, seed
            "target_model_says_target": 100.0 * float((target_pred == label).float().mean()),
            "evaluator_label_counts": np.bincount(pred.cpu().numpy(), minlength=int(num_classes)).tolist(),
            "final_target_prob": res["trace"][-1]["target_prob"]}
-    return row, imgs[: st["grid_per_case"]].cpu(), res["trace"]
+    return row, imgs.cpu(), res["trace"]
 
 
 def _write_outputs(out: Path, rows, images, metrics, st, label: int, seed: int, prof) -> Dict[str, str]:

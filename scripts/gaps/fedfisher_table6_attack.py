@@ -1,0 +1,124 @@
+"""FedFisher Table 6 (GMI attack): evaluator and attack variants on a finished study run, without retraining its
+clients or GAN (results/gaps.md#fedfisher-table6). Reads the run's record (metrics.json: its config and attack
+accuracies) and attack_inputs.pt (GAN, the three targets, client 1's K-FAC, every reconstruction; written by
+runs from session 20 on).
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/gaps/fedfisher_table6_attack.py outputs/runs/<id> \
+        --evaluators mlp simple_cnn                       # relabel the run's own reconstructions
+    ... --attack lambda_kfac=1e-5 --cases aggregate_plus_client1_kfac   # a new attack with the saved GAN
+
+The study's MLP evaluator is retrained with the run's seed, so its row must reproduce the recorded accuracy (the
+script says so when it does not). Prints one row per (case, evaluator); --csv writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from fedbench.errors import FedbenchError
+from fedbench.papers.fedfisher import gmi_attack as g
+
+ATTACK_KEYS = ("attack_steps", "attack_lr", "attack_momentum", "lambda_id", "lambda_kfac", "num_reconstructions")
+
+
+def parse_overrides(items):
+    out = {}
+    for it in items or []:
+        key, sep, val = it.partition("=")
+        if not sep or key not in ATTACK_KEYS:
+            raise FedbenchError(f"--attack takes key=value with key one of {', '.join(ATTACK_KEYS)}, got {it!r}")
+        try:
+            out[key] = int(val) if key in ("attack_steps", "num_reconstructions") else float(val)
+        except ValueError:
+            raise FedbenchError(f"--attack {key} needs a number, got {val!r}") from None
+    return out
+
+
+def load_run(run_dir: Path):
+    rec_path, inp_path = run_dir / "metrics.json", run_dir / "attack_inputs.pt"
+    for p in (rec_path, inp_path):
+        if not p.exists():
+            raise FedbenchError(f"{p} is missing (attack_inputs.pt is written by study runs from session 20 on)")
+    rec = json.loads(rec_path.read_text())
+    if rec.get("study") != "gmi_attack" and "attack_traces" not in rec:
+        raise FedbenchError(f"{rec_path} is not a GMI study record")
+    return rec, torch.load(inp_path, map_location="cpu", weights_only=False)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dirs", nargs="+", type=Path)
+    ap.add_argument("--evaluators", nargs="+", default=["mlp", "simple_cnn"],
+                    help="fedbench model names; mlp = the study's own evaluator")
+    ap.add_argument("--attack", nargs="*", help=f"rerun the attack with these study values ({', '.join(ATTACK_KEYS)})")
+    ap.add_argument("--cases", nargs="+", choices=g.CASES, default=list(g.CASES))
+    ap.add_argument("--csv", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.attack) if args.attack is not None else None
+        loaded = [(d, *load_run(d)) for d in args.run_dirs]
+    except FedbenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    for run_dir, rec, inp in loaded:
+        cfg = OmegaConf.create(rec["config"])
+        cfg.progress = False
+        st = g.study_settings(cfg)
+        seed, label = int(cfg.seed), int(st["target_label"])
+        data, _, setup, _ = g._setup(cfg, None)
+        images = inp["reconstructions"]
+        if overrides is not None:
+            st = {**st, **overrides}
+            G = g.Generator(inp["z_dim"], inp["gan_width"]).to(setup.device)
+            D = g.Critic(inp["gan_width"]).to(setup.device)
+            G.load_state_dict(inp["generator"])
+            D.load_state_dict(inp["critic"])
+            for p in list(G.parameters()) + list(D.parameters()):
+                p.requires_grad_(False)
+            G.eval()
+            D.eval()
+            tg = {"models": inp["targets"], "kfac1": inp["kfac1"], "conv": inp["conv"]}
+            images = {}
+            for case in args.cases:
+                model = g._load(setup.model, tg["models"][case])
+                res = g.invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
+                               lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
+                               lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
+                               kfac_target=tg["kfac1"] if case == "aggregate_plus_client1_kfac" else None,
+                               lambda_kfac=float(st["lambda_kfac"]), conv_convention=tg["conv"],
+                               seed=seed * 1000 + 17)
+                images[case] = res["images"]
+        for arch in args.evaluators:
+            evaluator, test_acc = g._evaluator(st, setup, data, seed, arch=arch)
+            for case in args.cases:
+                pred = g.predict(evaluator, setup.train.normalize(images[case].to(setup.device))).cpu().numpy()
+                acc = 100.0 * float((pred == label).mean())
+                recorded = rec["metrics"].get(f"attack_accuracy_{case}") if overrides is None else None
+                rows.append({"run": run_dir.name, "seed": seed, "case": case, "evaluator": arch,
+                             "evaluator_test_acc": round(test_acc, 2), "attack": json.dumps(overrides or {}),
+                             "n": len(pred), "attack_accuracy": round(acc, 2),
+                             "recorded": None if recorded is None else round(recorded, 2),
+                             "label_counts": np.bincount(pred, minlength=int(data.num_classes)).tolist()})
+                r = rows[-1]
+                note = ""
+                if arch == "mlp" and recorded is not None and abs(acc - recorded) > 1e-6:
+                    note = "  (differs from the record: not the study's evaluator)"
+                print(f"{r['run']} seed {seed} {case:28s} {arch:10s} (test {test_acc:.2f}): attack accuracy "
+                      f"{acc:6.2f} of {len(pred)}, labels {r['label_counts']}{note}", flush=True)
+    if args.csv:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
