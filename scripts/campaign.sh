@@ -216,7 +216,11 @@ step_fedbens_table2_fmnist() {   # Table 2: alpha = 0.3, C = 10, 20, 40 clients;
 step_fedfisher_table6_mnist() {  # Table 6: the GMI model-inversion study (clients, FedFisher-K-FAC, WGAN-GP, three attacks),
                                  # MNIST, 3 seeds; a study preset, so one reproduce call runs it all
     run experiment=fedfisher/table6 profile=paper
+    # gaps.md#fedfisher-table6 hypothesis 1, a what-if (not the paper's setting): the server's 5000 aux samples drawn
+    # from every client, client 1's 3s included (seed 0)
+    run --name auxall experiment=fedfisher/table6 profile=paper study.aux_pool=all_clients seed=0
     table experiment=fedfisher/table6 profile=paper
+    table --name auxall experiment=fedfisher/table6 profile=paper study.aux_pool=all_clients seed=0
 }
 
 step_fedlpa_table9_fmnist() {    # Table 9: 5 clients, 200 local epochs, 6 beta partitions x 3 seeds, seed-major; FedProx (4 mu, a
