@@ -53,14 +53,15 @@ def main(argv=None) -> int:
         from fedbench.launch.parallel import default_jobs, summary_line
         from fedbench.launch.sweep import missing_methods, plan
         from fedbench.papers import load_papers
-        from fedbench.report.tables import check_table_suffix, collect, preset_meta
+        from fedbench.report.tables import check_table_suffix, collect, preset_meta, table_suffix
         load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
         check_table_suffix(args.name)   # a bad --name fails before any training
         from fedbench.report.studies import reproduce_study, study_name
         if study_name(args.overrides):   # a study preset (FOLA Figs. 10-12) runs its study, not run.py
             if args.dry_run:
                 return dry_run_study(args.overrides)
-            for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only):
+            for p in reproduce_study(args.overrides, os.getcwd(), run=not args.collect_only,
+                                     suffix=table_suffix(args.overrides, args.name)):
                 print(f"{'table' if str(p).endswith('.md') else 'figure'} written: {p}")
             return 0
         meta = preset_meta(args.overrides)   # bad table / figure declarations fail before any training
@@ -97,7 +98,6 @@ def main(argv=None) -> int:
         path = collect(args.overrides, out_root, Path("results") / "tables", args.metric, suffix=args.name)
         print(f"table written: {path}")
         from fedbench.report.figures import plot_table
-        from fedbench.report.tables import table_suffix
         suffix = table_suffix(args.overrides, args.name)   # the figure is named as its table
         try:
             print(f"figure written: {plot_table(args.overrides, out_root, Path('results') / 'figures', suffix=suffix)}")
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
             print(f"no figure: {e}")
         from fedbench.report.figures import plot_preset_figures
         try:   # the preset's named plots (table.plots: FOLA Figs. 3-9)
-            for p in plot_preset_figures(args.overrides, out_root, Path("results") / "figures"):
+            for p in plot_preset_figures(args.overrides, out_root, Path("results") / "figures", suffix=suffix):
                 print(f"figure written: {p}")
         except FedbenchError as e:
             print(f"no figure: {e}")

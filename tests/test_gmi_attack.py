@@ -319,3 +319,41 @@ def test_dry_run_of_the_study_preset_trains_nothing(tmp_path, monkeypatch, capsy
     assert mod.main(["--dry-run", "experiment=fedfisher/table6", "profile=paper"]) == 0
     assert capsys.readouterr().out.strip() == "dry run: 0/3 study run(s) done, 3 to do"
     assert not (tmp_path / "out").exists()
+
+
+def test_named_collection_of_the_study_leaves_the_presets_table_and_figure_alone(tmp_path, monkeypatch):
+    """`reproduce.py --collect-only --name auxall <study preset> <other settings>` once wrote the preset's own
+    table and replaced its collections.yaml entry with the what-if's overrides."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    from fedbench.report.studies import study_runs, study_name
+    from tests.conftest import ok_record
+
+    what_if = QUICK + ["study.aux_pool=all_clients"]
+    out = tmp_path / "out"
+    (run,) = study_runs(what_if, out)
+    rec = {**ok_record(run["run_id"], f"study:{study_name(what_if)}"), "metrics": {
+        "attack_accuracy_local_model_client1": 70.0, "attack_accuracy_aggregate": 10.0,
+        "attack_accuracy_aggregate_plus_client1_kfac": 20.0}}
+    run["dir"].mkdir(parents=True)
+    (run["dir"] / "metrics.json").write_text(json.dumps(rec))
+    (run["dir"] / "figure4.png").write_bytes(b"png")
+    tables = tmp_path / "results" / "tables"
+    tables.mkdir(parents=True)
+    own = tables / "fedfisher_table6_quick.md"
+    own.write_text("the preset's own table")
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(out))
+    monkeypatch.chdir(tmp_path)
+    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--collect-only", "--name", "auxall", *what_if]) == 0
+    assert own.read_text() == "the preset's own table"
+    assert "70.00 ± 0.00 / 78.40" in (tables / "fedfisher_table6_quick_auxall.md").read_text()
+    assert (tmp_path / "results" / "figures" / "fedfisher_figure4_quick_auxall.png").exists()
+    assert not (tmp_path / "results" / "figures" / "fedfisher_figure4_quick.png").exists()
+    entries = yaml.safe_load((tmp_path / "results" / "collections.yaml").read_text())["collections"]
+    assert [(e["name"], e["suffix"]) for e in entries] == [("fedfisher_table6_quick_auxall", "auxall")]

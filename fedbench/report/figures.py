@@ -311,9 +311,10 @@ def _profile(overrides: Sequence[str]) -> str:
     return next((o.split("=", 1)[1] for o in overrides if o.startswith("profile=")), "paper")
 
 
-def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir: Path) -> List[Path]:
-    """Draw the preset's ``table.plots`` into ``<figures_dir>/<paper>_<id>[_<profile>][_<kind>].png``; [] for a
-    preset that declares none."""
+def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir: Path,
+                        suffix: Optional[str] = None) -> List[Path]:
+    """Draw the preset's ``table.plots`` into ``<figures_dir>/<paper>_<id>[_<profile>][_<suffix>][_<kind>].png``
+    (``suffix``: a named collection's, as its table's); [] for a preset that declares none."""
 
     runs = expand_sweep(overrides)
     cfg = compose_run(runs[0]) if runs else None
@@ -325,7 +326,7 @@ def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir
     if not kinds:
         return []
     profile = _profile(overrides)
-    base = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}")
+    base = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}") + (f"_{suffix}" if suffix else "")
     frames: Dict = {}   # one scan of the records for every plot of the preset
     paths = []
     for k in kinds:

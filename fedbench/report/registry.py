@@ -33,7 +33,7 @@ LOADED_PAPERS: List[str] = []   # the papers that have registered (fedbench.pape
 class Study:
     """A study a preset runs instead of ``run.py``: ``settings(cfg)`` checks one run's config before any work,
     ``run(cfg, out_dir, launch_dir=...)`` computes it and returns the record's extra fields, ``publish(runs,
-    figures_dir, profile)`` (optional) copies its figures into results/figures/."""
+    figures_dir, profile, suffix=None)`` (optional) copies its figures into results/figures/."""
     settings: Callable
     run: Callable
     publish: Optional[Callable] = None

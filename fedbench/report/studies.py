@@ -11,7 +11,8 @@ A study preset with ``table.columns`` also gets a table (``collect_study_table``
 paper's numbers, as ``fedbench.report.tables.collect``). With ``table.column_methods: true`` every derived
 column is one method of the paper's table (one study run measures all of them, e.g. the three levels of
 server access of FedFisher Table 6), so a column's name is the ``method`` its reference row is joined on.
-A study may have ``publish(runs, figures_dir, profile)`` to copy its figures into results/figures/.
+A study may have ``publish(runs, figures_dir, profile, suffix=None)`` to copy its figures into results/figures/
+(``suffix``: a named collection's, so that it never overwrites the preset's own figure).
 """
 from __future__ import annotations
 
@@ -75,9 +76,12 @@ def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None,
     return runs
 
 
-def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, *, run: bool = True) -> List[Path]:
+def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, *, run: bool = True,
+                    suffix: Optional[str] = None) -> List[Path]:
     """``make reproduce`` for a study preset: run what is missing (unless ``run`` is False), then draw the
-    preset's ``table.plots``; returns the figure paths."""
+    preset's ``table.plots`` and write its table; returns the figure and table paths. ``suffix`` (``--name``)
+    names a collection with other settings: its table and figures get the suffix, so they never overwrite the
+    preset's own."""
 
     launch_dir = launch_dir or os.getcwd()
     if run:
@@ -85,22 +89,23 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
     output_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
     figures_dir = Path(launch_dir) / "results" / "figures"
-    paths = plot_preset_figures(overrides, output_root, figures_dir)
+    paths = plot_preset_figures(overrides, output_root, figures_dir, suffix=suffix)
     study = STUDIES[study_name(overrides)]
     if study.publish is not None:
         runs = study_runs(overrides, output_root)
         profile = str(runs[0]["config"].get("profile") or "paper") if runs else "paper"
-        paths += study.publish(runs, figures_dir, profile)
-    table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables", publish=True)
+        paths += study.publish(runs, figures_dir, profile, suffix=suffix)
+    table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables", publish=True,
+                                suffix=suffix)
     return paths + ([table] if table is not None else [])
 
 
 def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir: Path, *,
-                        publish: bool = False) -> Optional[Path]:
+                        publish: bool = False, suffix: Optional[str] = None) -> Optional[Path]:
     """The study preset's table (``table.columns``) from its run records, beside the paper's numbers: ``collect``'s
     ``<tables_dir>/<paper>_<id>[_<profile>].md`` (+ ``_runs.csv``); with ``publish`` its finished records go into
     results/records and the collection into results/collections.yaml, as any table's. None without columns."""
 
     if not preset_meta(overrides).get("columns"):   # collect reads the records once
         return None
-    return collect(overrides, Path(output_root), tables_dir, publish=publish)
+    return collect(overrides, Path(output_root), tables_dir, publish=publish, suffix=suffix)

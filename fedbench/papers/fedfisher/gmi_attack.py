@@ -574,13 +574,15 @@ def _write_outputs(out: Path, rows, images, metrics, st, label: int, seed: int, 
     return files
 
 
-def publish(runs: Sequence[Mapping[str, Any]], figures_dir: Path, profile: str) -> List[Path]:
-    """Copy the first finished run's Fig. 4 grid to ``results/figures/fedfisher_figure4[_<profile>].png``."""
+def publish(runs: Sequence[Mapping[str, Any]], figures_dir: Path, profile: str,
+            suffix: Optional[str] = None) -> List[Path]:
+    """Copy the first finished run's Fig. 4 grid to ``results/figures/fedfisher_figure4[_<profile>][_<suffix>].png``."""
 
     for r in runs:
         src = Path(r["dir"]) / "figure4.png"
         if r.get("record") and src.exists():
-            dst = Path(figures_dir) / ("fedfisher_figure4" + ("" if profile == "paper" else f"_{profile}") + ".png")
+            dst = Path(figures_dir) / ("fedfisher_figure4" + ("" if profile == "paper" else f"_{profile}")
+                                       + (f"_{suffix}" if suffix else "") + ".png")
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
             return [dst]
