@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -230,21 +230,33 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
     loss_counts = torch.zeros(k, device=dev)
     terms = objective.terms
     ctx_stacked, ctx_dims = _stack_ctx(objective, k)
+    host_indices = [ix.cpu() for ix in client_indices]
+    row_sets: Dict[Tuple[int, ...], Tensor] = {}   # active clients -> their rows on the device, made once
     for epoch in range(local.epochs):
         loss_sums.zero_()
         loss_counts.zero_()
         batches = [epoch_batches(sizes[i], bsz, gens[i], local.drop_last) for i in range(k)]
         n_batches = [len(b) for b in batches]
-        for s in range(max(n_batches)):
+        # the whole epoch's sample indices and masks, built on the host and copied once: per-step copies of
+        # small host tensors would make every step wait for the device (a pageable copy syncs the stream)
+        n_s = max(n_batches)
+        idx_all = torch.zeros(n_s, k, bsz, dtype=torch.long)
+        weight_all = torch.zeros(n_s, k, bsz)
+        for s in range(n_s):
+            for j, i in enumerate(i for i in range(k) if s < n_batches[i]):
+                b = batches[i][s]
+                idx_all[s, j, : len(b)] = host_indices[i][b]
+                weight_all[s, j, : len(b)] = 1.0
+        idx_all, weight_all = idx_all.to(dev), weight_all.to(dev)
+        for s in range(n_s):
             active = [i for i in range(k) if s < n_batches[i]]
-            rows = None if len(active) == k else torch.tensor(active, device=dev)
             ka = len(active)
-            idx = torch.zeros(ka, bsz, dtype=torch.long, device=dev)
-            weight = torch.zeros(ka, bsz, device=dev)
-            for j, i in enumerate(active):
-                b = batches[i][s].to(dev)
-                idx[j, : len(b)] = client_indices[i][b]
-                weight[j, : len(b)] = 1.0
+            rows = None
+            if ka < k:
+                rows = row_sets.get(tuple(active))
+                if rows is None:
+                    rows = row_sets[tuple(active)] = torch.tensor(active, device=dev)
+            idx, weight = idx_all[s, :ka], weight_all[s, :ka]
             x = data.raw(idx.reshape(-1))
             if data.augment is not None:
                 x = x.reshape(ka, bsz, *x.shape[1:])
@@ -259,8 +271,12 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
             per_sample = data_loss(stacked(cur, x), y, data.task).reshape(ka, bsz)
             counts = weight.sum(1)
             client_loss = (per_sample * weight).sum(1) / counts
-            loss_sums[[*active]] += client_loss.detach()
-            loss_counts[[*active]] += 1
+            if rows is None:
+                loss_sums += client_loss.detach()
+                loss_counts += 1
+            else:
+                loss_sums.index_add_(0, rows, client_loss.detach())
+                loss_counts.index_add_(0, rows, torch.ones_like(client_loss))
             total = client_loss.sum()
             for term in terms:
                 total = total + _vmapped_term(term, cur, ctx_stacked, ctx_dims, rows).sum()
