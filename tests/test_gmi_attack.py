@@ -273,6 +273,12 @@ def test_gap_script_relabels_saved_reconstructions_as_the_record_did(tmp_path, m
                      "--attack", "attack_steps=1", "lambda_kfac=0"]) == 0
     assert mod.main([str(run), "--attack", "lambda=1"]) == 2
     assert mod.main([str(tmp_path)]) == 2
+    # a run from before attack_inputs.pt: its Fig. 4 grid can be relabelled, not attacked again
+    (run / "attack_inputs.pt").unlink()
+    capsys.readouterr()
+    assert mod.main([str(run), "--evaluators", "mlp"]) == 0
+    assert "the Fig. 4 grid only" in capsys.readouterr().out
+    assert mod.main([str(run), "--attack", "attack_steps=1"]) == 2
 
 
 def test_client1_kfac_is_the_factors_client1_uploads(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """FedFisher Table 6 (GMI attack): evaluator and attack variants on a finished study run, without retraining its
 clients or GAN (results/gaps.md#fedfisher-table6). Reads the run's record (metrics.json: its config and attack
 accuracies) and attack_inputs.pt (GAN, the three targets, client 1's K-FAC, every reconstruction; written by
-runs from session 20 on).
+runs from session 20 on; of older runs only the Fig. 4 grid, reconstructions.pt, can be relabelled).
 
     PYTHONPATH=$PWD .venv/bin/python scripts/gaps/fedfisher_table6_attack.py outputs/runs/<id> \
         --evaluators mlp simple_cnn                       # relabel the run's own reconstructions
@@ -40,15 +40,22 @@ def parse_overrides(items):
     return out
 
 
-def load_run(run_dir: Path):
-    rec_path, inp_path = run_dir / "metrics.json", run_dir / "attack_inputs.pt"
-    for p in (rec_path, inp_path):
-        if not p.exists():
-            raise FedbenchError(f"{p} is missing (attack_inputs.pt is written by study runs from session 20 on)")
+def load_run(run_dir: Path, need_gan: bool):
+    """(record, attack inputs, whether the reconstructions are all of them). Runs before session 20 kept only the
+    Fig. 4 grid (reconstructions.pt, the first grid_per_case of each case): relabelling those is allowed, a new
+    attack is not."""
+    rec_path, inp_path, grid_path = (run_dir / f for f in ("metrics.json", "attack_inputs.pt", "reconstructions.pt"))
+    if not rec_path.exists():
+        raise FedbenchError(f"{rec_path} is missing")
     rec = json.loads(rec_path.read_text())
-    if rec.get("study") != "gmi_attack" and "attack_traces" not in rec:
+    if rec.get("study") != "gmi_attack":
         raise FedbenchError(f"{rec_path} is not a GMI study record")
-    return rec, torch.load(inp_path, map_location="cpu", weights_only=False)
+    if inp_path.exists():
+        return rec, torch.load(inp_path, map_location="cpu", weights_only=False), True
+    if grid_path.exists() and not need_gan:
+        return rec, {"reconstructions": torch.load(grid_path, map_location="cpu", weights_only=False)}, False
+    raise FedbenchError(f"{inp_path} is missing (written by study runs from session 20 on; older runs keep only the "
+                        f"Fig. 4 grid, which can be relabelled but not attacked again)")
 
 
 def main(argv=None) -> int:
@@ -62,12 +69,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         overrides = parse_overrides(args.attack) if args.attack is not None else None
-        loaded = [(d, *load_run(d)) for d in args.run_dirs]
+        loaded = [(d, *load_run(d, need_gan=overrides is not None)) for d in args.run_dirs]
     except FedbenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = []
-    for run_dir, rec, inp in loaded:
+    for run_dir, rec, inp, complete in loaded:
         cfg = OmegaConf.create(rec["config"])
         cfg.progress = False
         st = g.study_settings(cfg)
@@ -101,13 +108,15 @@ def main(argv=None) -> int:
                 pred = g.predict(evaluator, setup.train.normalize(images[case].to(setup.device))).cpu().numpy()
                 acc = 100.0 * float((pred == label).mean())
                 recorded = rec["metrics"].get(f"attack_accuracy_{case}") if overrides is None else None
+                if not complete:   # the grid's first images only: the record's accuracy is over all of them
+                    recorded = None
                 rows.append({"run": run_dir.name, "seed": seed, "case": case, "evaluator": arch,
                              "evaluator_test_acc": round(test_acc, 2), "attack": json.dumps(overrides or {}),
                              "n": len(pred), "attack_accuracy": round(acc, 2),
                              "recorded": None if recorded is None else round(recorded, 2),
                              "label_counts": np.bincount(pred, minlength=int(data.num_classes)).tolist()})
                 r = rows[-1]
-                note = ""
+                note = "" if complete else "  (the Fig. 4 grid only)"
                 if arch == "mlp" and recorded is not None and abs(acc - recorded) > 1e-6:
                     note = "  (differs from the record: not the study's evaluator)"
                 print(f"{r['run']} seed {seed} {case:28s} {arch:10s} (test {test_acc:.2f}): attack accuracy "
