@@ -44,6 +44,7 @@ def test_folder_that_is_not_the_released_code(tmp_path):
 @pytest.mark.parametrize("args,word", [
     (["x", "0.4"], "whole numbers"),
     (["0", "0.4", "fisher_merge", "ten"], "whole numbers"),
+    (["0", "0.3", "otfusion", "20", "0"], "whole numbers"),
     (["0", "-1"], "positive number"),
     (["0", "abc"], "positive number"),
 ])
