@@ -237,18 +237,8 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
         loss_counts.zero_()
         batches = [epoch_batches(sizes[i], bsz, gens[i], local.drop_last) for i in range(k)]
         n_batches = [len(b) for b in batches]
-        # the whole epoch's sample indices and masks, built on the host and copied once: per-step copies of
-        # small host tensors would make every step wait for the device (a pageable copy syncs the stream)
-        n_s = max(n_batches)
-        idx_all = torch.zeros(n_s, k, bsz, dtype=torch.long)
-        weight_all = torch.zeros(n_s, k, bsz)
-        for s in range(n_s):
-            for j, i in enumerate(i for i in range(k) if s < n_batches[i]):
-                b = batches[i][s]
-                idx_all[s, j, : len(b)] = host_indices[i][b]
-                weight_all[s, j, : len(b)] = 1.0
-        idx_all, weight_all = idx_all.to(dev), weight_all.to(dev)
-        for s in range(n_s):
+        idx_all, weight_all = _epoch_layout(batches, host_indices, bsz, dev)
+        for s in range(max(n_batches)):
             active = [i for i in range(k) if s < n_batches[i]]
             ka = len(active)
             rows = None
@@ -295,6 +285,23 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
     losses = (loss_sums / loss_counts.clamp_min(1)).tolist()
     out = [{n: params[n][i].detach().clone() for n in names} for i in range(k)]
     return TrainResult(out, n_steps, losses, 0.0)
+
+
+def _epoch_layout(batches: List[List[Tensor]], host_indices: List[Tensor], bsz: int, dev) -> Tuple[Tensor, Tensor]:
+    """One epoch's sample indices and masks, [steps, clients, bsz]: at step s the rows 0..ka-1 hold the clients
+    still training, in order. Built on the host and copied once: per-step copies of small host tensors would make
+    every step wait for the device (a copy from pageable memory syncs the stream)."""
+    k = len(batches)
+    n_batches = [len(b) for b in batches]
+    n_s = max(n_batches)
+    idx_all = torch.zeros(n_s, k, bsz, dtype=torch.long)
+    weight_all = torch.zeros(n_s, k, bsz)
+    for s in range(n_s):
+        for j, i in enumerate(i for i in range(k) if s < n_batches[i]):
+            b = batches[i][s]
+            idx_all[s, j, : len(b)] = host_indices[i][b]
+            weight_all[s, j, : len(b)] = 1.0
+    return idx_all.to(dev), weight_all.to(dev)
 
 
 def _stack_ctx(objective: LocalObjective, k: int):
