@@ -117,7 +117,8 @@ def main(argv=None) -> int:
                              "label_counts": np.bincount(pred, minlength=int(data.num_classes)).tolist()})
                 r = rows[-1]
                 note = "" if complete else "  (the Fig. 4 grid only)"
-                if arch == "mlp" and recorded is not None and abs(acc - recorded) > 1e-6:
+                # the study's float32 mean can differ from this float64 one in the 6th digit; one image is 1 %
+                if arch == "mlp" and recorded is not None and abs(acc - recorded) > 1e-3:
                     note = "  (differs from the record: not the study's evaluator)"
                 print(f"{r['run']} seed {seed} {case:28s} {arch:10s} (test {test_acc:.2f}): attack accuracy "
                       f"{acc:6.2f} of {len(pred)}, labels {r['label_counts']}{note}", flush=True)
