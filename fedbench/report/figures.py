@@ -31,7 +31,7 @@ from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.report.registry import PLOT_KINDS, PlotRequest, registered
 from fedbench.results.records import read_history
-from fedbench.report.tables import norm_key, table_runs
+from fedbench.report.tables import collection_stem, norm_key, table_runs
 from fedbench.results.reference import load_reference
 
 
@@ -249,8 +249,7 @@ def _name_and_title(meta: Dict[str, Any], overrides: Sequence[str], metric: str,
     """The figure's file stem ``<paper>_<id>[_<profile>][_<suffix>]_<metric>`` (the suffix of its table: a
     ``--name`` or tuned collection never overwrites the preset's own figure) and its title."""
     profile = next((o.split("=", 1)[1] for o in overrides if o.startswith("profile=")), "paper")
-    name = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}") + \
-        (f"_{suffix}" if suffix else "") + f"_{metric}"
+    name = collection_stem(f"{meta['paper']}_{meta['id']}", profile, suffix) + f"_{metric}"
     quick = " — reduced settings, NOT the paper's protocol" if profile == "quick" else ""
     return name, f"{meta['paper']} {meta['id']}: {meta.get('title', '')} [profile: {profile}{quick}]"
 
@@ -326,7 +325,7 @@ def plot_preset_figures(overrides: Sequence[str], output_root: Path, figures_dir
     if not kinds:
         return []
     profile = _profile(overrides)
-    base = f"{meta['paper']}_{meta['id']}" + ("" if profile == "paper" else f"_{profile}") + (f"_{suffix}" if suffix else "")
+    base = collection_stem(f"{meta['paper']}_{meta['id']}", profile, suffix)
     frames: Dict = {}   # one scan of the records for every plot of the preset
     paths = []
     for k in kinds:

@@ -682,6 +682,12 @@ def check_table_suffix(suffix: Optional[str]) -> None:
         raise FedbenchError(f"--name must be letters, digits, '.', '_' or '-', got {suffix!r}")
 
 
+def collection_stem(base: str, profile: Any, suffix: Optional[str] = None) -> str:
+    """``<base>[_<profile>][_<suffix>]``: the file stem of a collection's table and figures (profile "paper" is
+    left out; a suffix, ``--name`` or "tuned", keeps a named collection from overwriting the preset's own)."""
+    return base + ("" if str(profile) in ("paper", "None") else f"_{profile}") + (f"_{suffix}" if suffix else "")
+
+
 def table_suffix(overrides: Sequence[str], name: Optional[str] = None) -> Optional[str]:
     """The suffix of a collection's table and figure: ``--name``, else "tuned" for ``tuning=on`` (a tuned collection
     never overwrites the fixed-pick table), else none."""
@@ -707,8 +713,7 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     metric = metric or meta.get("metric") or "accuracy"
     check_metric(df, metric, meta.get("rows") or [])   # a misspelt metric fails before anything is written
     profile = str(df["profile"].iloc[0]) if len(df) else "paper"
-    name = f"{meta['paper']}_{meta['id']}" + ("" if profile in ("paper", "None") else f"_{profile}") + \
-        (f"_{suffix}" if suffix else "")
+    name = collection_stem(f"{meta['paper']}_{meta['id']}", profile, suffix)
     tables_dir.mkdir(parents=True, exist_ok=True)
     if publish:
         publish_records(df)

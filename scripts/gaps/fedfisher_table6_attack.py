@@ -94,14 +94,7 @@ def main(argv=None) -> int:
             tg = {"models": inp["targets"], "kfac1": inp["kfac1"], "conv": inp["conv"]}
             images = {}
             for case in args.cases:
-                model = g._load(setup.model, tg["models"][case])
-                res = g.invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
-                               lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
-                               lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
-                               kfac_target=tg["kfac1"] if case == "aggregate_plus_client1_kfac" else None,
-                               lambda_kfac=float(st["lambda_kfac"]), conv_convention=tg["conv"],
-                               seed=seed * 1000 + 17)
-                images[case] = res["images"]
+                images[case] = g.attack(case, st, setup, tg, G, D, seed)[1]["images"]
         for arch in args.evaluators:
             evaluator, test_acc = g._evaluator(st, setup, data, seed, arch=arch)
             for case in args.cases:

@@ -59,6 +59,7 @@ from fedbench.algorithms import build_algorithm
 from fedbench.algorithms.base import weighted_average
 from fedbench.algorithms.fedfisher import decode_any
 from fedbench.eval.metrics import evaluate
+from fedbench.report.tables import collection_stem
 from fedbench.results.records import write_torch_atomic
 
 AUX_POOLS = ("other_clients", "all_clients")
@@ -541,15 +542,22 @@ def _evaluator(st, setup, data, seed: int, arch: str = "mlp"):
     return evaluator, 100.0 * float((test_pred.cpu() == data.test_y.cpu()).float().mean())
 
 
-def _attack_case(case: str, st, setup, tg: Dict[str, Any], G, D, evaluator, seed: int, num_classes: int):
-    """(4) one case's attack: (its attack.csv row, the grid images, the optimisation trace)."""
-    label = int(st["target_label"])
+def attack(case: str, st, setup, tg: Mapping[str, Any], G, D, seed: int) -> Tuple[nn.Module, Dict[str, Any]]:
+    """GMI against one case's target with the study settings ``st``: (the target model, ``invert``'s result).
+    ``tg``: the targets' weights (``models``), client 1's K-FAC (``kfac1``) and its convention (``conv``)."""
     model = _load(setup.model, tg["models"][case])
-    res = invert(G, D, model, label=label, num=st["num_reconstructions"], steps=st["attack_steps"],
+    res = invert(G, D, model, label=int(st["target_label"]), num=st["num_reconstructions"], steps=st["attack_steps"],
                  lr=float(st["attack_lr"]), momentum=float(st["attack_momentum"]),
                  lambda_id=float(st["lambda_id"]), normalize=setup.train.normalize,
                  kfac_target=tg["kfac1"] if case == "aggregate_plus_client1_kfac" else None,
                  lambda_kfac=float(st["lambda_kfac"]), conv_convention=tg["conv"], seed=seed * 1000 + 17)
+    return model, res
+
+
+def _attack_case(case: str, st, setup, tg: Dict[str, Any], G, D, evaluator, seed: int, num_classes: int):
+    """(4) one case's attack: (its attack.csv row, every reconstruction, the optimisation trace)."""
+    label = int(st["target_label"])
+    model, res = attack(case, st, setup, tg, G, D, seed)
     imgs = res["images"]
     pred = predict(evaluator, setup.train.normalize(imgs))
     with torch.no_grad():
@@ -581,8 +589,7 @@ def publish(runs: Sequence[Mapping[str, Any]], figures_dir: Path, profile: str,
     for r in runs:
         src = Path(r["dir"]) / "figure4.png"
         if r.get("record") and src.exists():
-            dst = Path(figures_dir) / ("fedfisher_figure4" + ("" if profile == "paper" else f"_{profile}")
-                                       + (f"_{suffix}" if suffix else "") + ".png")
+            dst = Path(figures_dir) / (collection_stem("fedfisher_figure4", profile, suffix) + ".png")
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
             return [dst]
