@@ -110,22 +110,30 @@ step_fedfisher_fmnist() {        # Tables 2, 4, 5 (4 and 5 reuse Table 2's cache
     table experiment=fedfisher/table4 profile=paper
     table experiment=fedfisher/table5 profile=paper
 }
-step_fedfisher_figure1() {       # Fig. 1a (50 seeds) and 1b (10 seeds), synthetic: 1a for m <= 1024 (about 30 CPU s a
-                                 # seed for all 7 widths), 1b (14 K at m = 512, about 10 CPU min), then m = 2048 and
-                                 # 4096 (about 70 s and 300 s a seed: 10 seeds first, the rest last)
+step_fedfisher_figure1() {       # Fig. 1a (50 seeds) for m <= 1024 (about 30 CPU s a seed for all 7 widths) and 1b
+                                 # (10 seeds x 14 K at m = 512, about 10 CPU min), synthetic
     for s in 0 10 20 30 40; do
         for w in 16 32 64 128 256 512 1024; do
             run experiment=fedfisher/figure1a profile=paper model.width=$w "seed=range($s,$((s + 10)))"
         done
     done
     run experiment=fedfisher/figure1b profile=paper
+    table experiment=fedfisher/figure1a profile=paper
+    table experiment=fedfisher/figure1b profile=paper
+}
+step_fedfisher_figure1_wide() {  # Fig. 1a's two widest m = 2048, 4096 (about 70 s and 300 s a seed), 10 seeds at a time
     for s in 0 10 20 30 40; do
         for w in 2048 4096; do
             run experiment=fedfisher/figure1a profile=paper model.width=$w "seed=range($s,$((s + 10)))"
         done
     done
     table experiment=fedfisher/figure1a profile=paper
-    table experiment=fedfisher/figure1b profile=paper
+}
+step_fedlpa_figure1_mnist() {    # Figs. 1 and 4 (t-SNE of FedLPA's global and local models) and Fig. 5's FedAvg, FedNova and
+                                 # SCAFFOLD panels: MNIST, beta = 0.05, seed 0, 200 local epochs (one client stage, about
+                                 # 30 CPU min); FedProx's four mu (a 200-epoch stage each) and DENSE left out
+    run experiment=fedlpa/figure1 profile=paper 'aggregators=[fedlpa,fedavg,fednova,scaffold]'
+    table experiment=fedlpa/figure1 profile=paper
 }
 step_fedbens_tables567_fmnist() {   # Tables 6 (5x smaller client data), 7 (customised M), 5 (FedFisher K-FAC over 5
                                     # rounds); alpha 0.05, 0.4 x 3 seeds; their FedFisher / FedBEns M = 5 runs are Table 1's
@@ -254,7 +262,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_table9_fmnist)
+       fola_figure5 fedlap_table3_mnist_homog fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
