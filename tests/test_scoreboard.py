@@ -137,6 +137,30 @@ def test_monotone_claims_forgive_only_steps_within_noise():
         status([4.0, 3.0, 2.0, 1.0], [0.1] * 4, direction="down")
 
 
+def test_falls_then_rises_claims_need_an_interior_minimum_beyond_noise():
+    claim = {"collection": "t", "method": "m", "along": "width", "direction": "falls_then_rises"}
+    meta = {"rows": ["dataset", "width"]}
+
+    def status(means, stds):
+        return _claim_status(claim, {"t": {"summary": _along(means, stds), "meta": meta}})
+
+    assert status([4.0, 1.0, 2.0, 3.0], [0.1] * 4) == \
+        ("reproduced", "1/1 rows; 4 values of width, n = 10–10, lowest at width = 64")
+    # monotone either way is not a U: the lowest point must be interior
+    assert status([4.0, 3.0, 2.0, 1.0], [0.1] * 4)[0] == "not reproduced"
+    assert status([1.0, 2.0, 3.0, 4.0], [0.1] * 4)[0] == "not reproduced"
+    # both ends must sit above the minimum beyond 2 combined SE (here 2 * sqrt(2 * 1² / 10) ≈ 0.89)
+    assert status([1.5, 1.0, 2.0, 3.0], [1.0] * 4)[0] == "not reproduced"
+    assert status([3.0, 1.0, 2.0, 3.0], [1.0] * 4)[0] == "reproduced"
+    # a fall after the minimum beyond noise breaks it (a second dip); one within noise does not
+    assert status([4.0, 1.0, 3.0, 1.5], [0.1] * 4)[0] == "not reproduced"
+    assert status([4.0, 1.0, 3.0, 2.95], [0.1] * 4)[0] == "reproduced"
+    # as does a rise before it
+    assert _claim_status(claim, {"t": {"summary": pd.DataFrame(
+        [{"dataset": "d", "width": w, "method": "m", "n": 10, "mean": m, "std": 0.1}
+         for w, m in zip((1, 2, 4, 8, 16), (3.0, 4.0, 1.0, 2.0, 3.0))]), "meta": meta}})[0] == "not reproduced"
+
+
 def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):
     """results/REPRODUCTION.md is what `make tables` makes from the committed records (regenerate it if this fails)."""
     monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))

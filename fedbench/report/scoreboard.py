@@ -214,19 +214,41 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     return "not reproduced", f"{held}/{rows} rows (fails: {', '.join(failed)}){partial}"
 
 
-DIRECTIONS = ("decreasing", "increasing")
+DIRECTIONS = ("decreasing", "increasing", "falls_then_rises")
+
+
+def _noise(a: tuple, b: tuple) -> float:
+    """2 combined standard errors of two (mean, std, n) points: a step smaller than this does not break a shape."""
+    return 2.0 * (a[1] ** 2 / a[2] + b[1] ** 2 / b[2]) ** 0.5
+
+
+def _shape_holds(pts: List[tuple], direction: str) -> bool:
+    """Whether (mean, std, n) points, in the order of the swept value, have the claimed shape: monotone (the last
+    beyond the first in ``direction``, no step against it beyond noise), or ``falls_then_rises`` (a U: the lowest
+    mean is an interior point, both ends above it beyond noise, no rise beyond noise before it, no fall after it)."""
+    if len(pts) < 2:
+        return False
+    if direction == "falls_then_rises":
+        low = min(range(len(pts)), key=lambda i: pts[i][0])
+        if low in (0, len(pts) - 1):
+            return False
+        ends = all(e[0] - pts[low][0] > _noise(e, pts[low]) for e in (pts[0], pts[-1]))
+        left = all(b[0] - a[0] <= _noise(a, b) for a, b in zip(pts[:low], pts[1:low + 1]))
+        right = all(a[0] - b[0] <= _noise(a, b) for a, b in zip(pts[low:], pts[low + 1:]))
+        return ends and left and right
+    sign = -1.0 if direction == "decreasing" else 1.0
+    against = any(-sign * (b[0] - a[0]) > _noise(a, b) for a, b in zip(pts, pts[1:]))
+    return sign * (pts[-1][0] - pts[0][0]) > 0 and not against
 
 
 def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
     """A ``{method, along, direction}`` claim: in every group of the other row keys, over the values of ``along``
-    that ran (numeric order), the method's mean must move in ``direction`` from the first to the last value (means,
-    as the winner claims use), and no step between neighbours may go the other way by more than 2 combined
-    standard errors (sqrt(s_a²/n_a + s_b²/n_b)): a step within noise does not break the shape."""
+    that ran (numeric order), the method's means must have the claimed shape (``_shape_holds``: monotone, or falling
+    then rising), where a step within 2 combined standard errors (sqrt(s_a²/n_a + s_b²/n_b)) does not break it."""
     direction, along = claim.get("direction", "decreasing"), claim["along"]
     if direction not in DIRECTIONS:
         raise FedbenchError(f"claim {claim.get('text')!r}: direction must be one of {', '.join(DIRECTIONS)}, "
                             f"got {direction!r}")
-    sign = -1.0 if direction == "decreasing" else 1.0
     s = c["summary"]
     s = s[(s["method"] == claim["method"]) & (s["n"] > 0)]
     if along not in s or s.empty:
@@ -237,20 +259,19 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
     for rv, g in groups:
         g = g.assign(_x=pd.to_numeric(g[along])).sort_values("_x")
         pts = [(float(m), float(sd) if sd == sd else 0.0, int(n)) for m, sd, n in zip(g["mean"], g["std"], g["n"])]
-
-        def noise(a, b):
-            return 2.0 * (a[1] ** 2 / a[2] + b[1] ** 2 / b[2]) ** 0.5
-
-        moves = [sign * (b[0] - a[0]) for a, b in zip(pts, pts[1:])]
-        against = [i for i, (a, b) in enumerate(zip(pts, pts[1:])) if -sign * (b[0] - a[0]) > noise(a, b)]
-        overall = len(pts) > 1 and sign * (pts[-1][0] - pts[0][0]) > 0
-        points.append(f"{len(pts)} values of {along}, n = {min(p[2] for p in pts)}–{max(p[2] for p in pts)}, "
-                      f"{sum(m > 0 for m in moves)} of {len(moves)} steps {direction}")
-        if overall and not against:
+        sign = 1.0 if direction == "increasing" else -1.0
+        moved = sum(sign * (b[0] - a[0]) > 0 for a, b in zip(pts, pts[1:]))
+        shape = (f"lowest at {along} = {g['_x'].iloc[min(range(len(pts)), key=lambda i: pts[i][0])]:g}"
+                 if direction == "falls_then_rises" else f"{moved} of {len(pts) - 1} steps {direction}")
+        points.append(f"{len(pts)} values of {along}, n = {min(p[2] for p in pts)}–{max(p[2] for p in pts)}, {shape}")
+        if _shape_holds(pts, direction):
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))) or "all")
     detail = f"{held}/{held + len(failed)} rows; " + "; ".join(points)
+    want = claim.get("paper_seeds") or paper_seeds(c["meta"])   # a figure's seeds live in its sweep: the claim says
+    if want and int(s["n"].min()) < want:
+        detail += f"; provisional: fewer than the paper's {want} seeds"
     if failed:
         return "not reproduced", f"{detail} (fails: {', '.join(failed)})"
     return "reproduced", detail
