@@ -64,11 +64,13 @@ step_fedlap_table1_tabular() {   # UCI Credit, FLamby-Heart (fixed picks, then t
     table experiment=fedlap/table1 profile=paper tuning=on dataset=flamby_heart
     table experiment=fedlap/table4 profile=paper
 }
-step_fedlap_table1_heart_standardize() {   # gaps.md#fedlap-table1-heart: the features as older FLamby gave them (raw) and
-                                           # standardised with the pooled train statistics, instead of per hospital
-    for mode in pooled none; do
-        run --name "heart$mode" experiment=fedlap/table1 profile=paper dataset=flamby_heart dataset.kwargs.standardize=$mode
-        table --name "heart$mode" experiment=fedlap/table1 profile=paper dataset=flamby_heart dataset.kwargs.standardize=$mode
+step_fedlap_table1_heart_standardize() {   # gaps.md#fedlap-table1-heart: FLamby's per-hospital training sets with its
+                                           # pooled test set, everything with the pooled train statistics, and the raw
+                                           # features of older FLamby, instead of per-hospital standardisation throughout
+    for reading in pooledtest:center_train_pooled_test pooled:pooled none:none; do
+        local name=heart${reading%%:*} mode=${reading#*:}
+        run --name $name experiment=fedlap/table1 profile=paper dataset=flamby_heart dataset.kwargs.standardize=$mode
+        table --name $name experiment=fedlap/table1 profile=paper dataset=flamby_heart dataset.kwargs.standardize=$mode
     done
 }
 step_fedlap_table1_fmnist() {    # FMNIST 10 %, 10 clients, both splits (Tables 2, 3, 5 read these runs)

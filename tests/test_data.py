@@ -240,6 +240,11 @@ def test_flamby_heart(tmp_path):
     assert raw.train_x[:, 0].min() >= 28 and set(raw.train_x[:, -5:].unique().tolist()) == {0.0, 1.0}
     pooled = load_dataset("flamby_heart", tmp_path, mirror=MIRROR, download=False, standardize="pooled")
     assert torch.allclose(pooled.train_x.double().mean(0), torch.zeros(13, dtype=torch.float64), atol=1e-5)
+    # FLamby's per-hospital training sets with its pooled test set: each half as the mode it comes from
+    mixed = load_dataset("flamby_heart", tmp_path, mirror=MIRROR, download=False,
+                         standardize="center_train_pooled_test")
+    assert torch.equal(mixed.train_x, d.train_x) and torch.equal(mixed.test_x, pooled.test_x)
+    assert not torch.allclose(mixed.test_x, d.test_x)
     with pytest.raises(FedbenchError, match="standardize"):
         load_dataset("flamby_heart", tmp_path, mirror=MIRROR, standardize="global")
 

@@ -226,20 +226,25 @@ def load_flamby_heart(root: Path, mirror: Optional[Path], download: bool, *,
 
     ``standardize``: ``center`` (FLamby's federated default: each hospital's rows, train and test,
     standardised with that hospital's train mean and unbiased std), ``pooled`` (FLamby's pooled
-    mode: statistics of all train rows) or ``none``.
+    mode: statistics of all train rows), ``center_train_pooled_test`` (what FLamby hands a user who
+    trains on ``FedHeartDisease(center=k, train=True)`` and tests on ``FedHeartDisease(train=False,
+    pooled=True)``: train rows per hospital, test rows with the pooled train statistics) or ``none``
+    (FLamby before it standardised at all).
     """
-    if standardize not in ("center", "pooled", "none"):
-        raise FedbenchError(f"flamby_heart: standardize must be center, pooled or none, got '{standardize}'")
+    modes = ("center", "pooled", "center_train_pooled_test", "none")
+    if standardize not in modes:
+        raise FedbenchError(f"flamby_heart: standardize must be one of {', '.join(modes)}, got '{standardize}'")
     paths = [uci_file("flamby_heart", f"processed.{c}.data", root, mirror, download) for c in HEART_CENTERS]
     df, y, centers, is_train = heart_frames(paths)
-    x = df.to_numpy()
-    if standardize == "pooled":
+    x = df.to_numpy().copy()
+    pooled_rows = {"pooled": np.ones_like(is_train), "center_train_pooled_test": ~is_train}.get(standardize)
+    if pooled_rows is not None:
         mu, sd = x[is_train].mean(0), x[is_train].std(0, ddof=1)
-        x = (x - mu) / (sd + 1e-9)
-    elif standardize == "center":
-        x = x.copy()
+        x[pooled_rows] = (x[pooled_rows] - mu) / (sd + 1e-9)
+    if standardize in ("center", "center_train_pooled_test"):
         for c in range(len(HEART_CENTERS)):
-            rows, tr = centers == c, (centers == c) & is_train
+            rows = (centers == c) & (is_train if standardize == "center_train_pooled_test" else True)
+            tr = (centers == c) & is_train
             x[rows] = (x[rows] - x[tr].mean(0)) / (x[tr].std(0, ddof=1) + 1e-9)
     f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
     return FedDataset(name="flamby_heart", train_x=f32(x[is_train]), train_y=torch.as_tensor(y[is_train]),
