@@ -127,8 +127,12 @@ step_fedfisher_figure1() {       # Fig. 1a (50 seeds) for m <= 1024 (about 30 CP
         done
     done
     run experiment=fedfisher/figure1b profile=paper
+    # gaps.md#fedfisher-figure1b, a what-if (not the paper's m): Theorem 1's rising term is O(1/m), so at m = 64 the
+    # U-shape in K should be larger than at the paper's m = 512
+    run --name m64 experiment=fedfisher/figure1b profile=paper 'model.width=choice(64)'
     table experiment=fedfisher/figure1a profile=paper
     table experiment=fedfisher/figure1b profile=paper
+    table --name m64 experiment=fedfisher/figure1b profile=paper 'model.width=choice(64)'
 }
 step_fedfisher_figure1_wide() {  # Fig. 1a's two widest m = 2048, 4096 (about 70 s and 300 s a seed), 10 seeds at a time
     for s in 0 10 20 30 40; do
@@ -294,16 +298,18 @@ elif [ "$1" = "--status" ]; then
     shift
 fi
 [ "${1:-}" = "all" ] && set -- "${STEPS[@]}"
-for s in "$@"; do   # every name is checked before anything runs
-    declare -F "step_$s" > /dev/null || { echo "campaign.sh: error: unknown step '$s'" >&2; usage; exit 2; }
+# the loop variable has a name no step uses: the steps' own loops (for s in ...) share the script's globals
+for campaign_step in "$@"; do   # every name is checked before anything runs
+    declare -F "step_$campaign_step" > /dev/null || {
+        echo "campaign.sh: error: unknown step '$campaign_step'" >&2; usage; exit 2; }
 done
-for s in "$@"; do
-    "step_$s"
+for campaign_step in "$@"; do
+    "step_$campaign_step"
     if [ -z "$COLLECT$STATUS" ]; then
         # a reproduce call writes its table under its own, narrower overrides (one alpha, one data set); the step's
         # collect calls restore the committed collections and publish the step's finished records
         COLLECT=1
-        "step_$s"
+        "step_$campaign_step"
         COLLECT=""
     fi
 done

@@ -52,6 +52,17 @@ def test_an_unknown_step_is_refused_before_anything_runs():
     assert p.returncode == 2 and "unknown step 'nope'" in p.stderr and "reproduce.py" not in p.stdout
 
 
+def test_a_step_that_loops_over_s_still_gets_its_tables_written():
+    """Steps loop with plain names (for s in 0 10 ...); the driver's own loop variable must survive them, or the
+    collect pass after a step calls step_40 and writes none of the step's tables (found in session 21)."""
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "campaign.sh"), "fedfisher_figure1", "fedlap_figure1"],
+                       env={"PYTHON": "echo", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0 and "command not found" not in p.stderr, p.stderr
+    collects = [line for line in p.stdout.splitlines() if "--collect-only" in line]
+    assert any("fedfisher/figure1b" in line for line in collects)
+    assert any("fedlap/figure1" in line for line in collects)
+
+
 def distinct_shapes(cmds):
     """One command per shape: commands that differ only in numbers (Fig. 1a's widths and seed ranges, the alphas)
     compose alike, so composing one of each keeps the test short."""

@@ -135,6 +135,11 @@ def test_monotone_claims_forgive_only_steps_within_noise():
     assert _claim_status(claim, {"t": {"summary": shuffled, "meta": meta}})[0] == "reproduced"
     with pytest.raises(FedbenchError, match="direction must be one of"):
         status([4.0, 3.0, 2.0, 1.0], [0.1] * 4, direction="down")
+    # a value with one seed has no standard error: it is left out of the shape, and said so
+    one = _along([4.0, 3.0, 2.0, 1.0], [0.1] * 4)
+    one.loc[3, ["mean", "n", "std"]] = [9.0, 1, float("nan")]
+    assert _claim_status(claim, {"t": {"summary": one, "meta": meta}}) == \
+        ("reproduced", "1/1 rows; 3 values of width, n = 10–10, 2 of 2 steps decreasing; 1 value(s) with one seed left out")
 
 
 def test_falls_then_rises_claims_need_an_interior_minimum_beyond_noise():

@@ -250,9 +250,10 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
         raise FedbenchError(f"claim {claim.get('text')!r}: direction must be one of {', '.join(DIRECTIONS)}, "
                             f"got {direction!r}")
     s = c["summary"]
-    s = s[(s["method"] == claim["method"]) & (s["n"] > 0)]
+    single = int(((s["method"] == claim["method"]) & (s["n"] == 1)).sum())
+    s = s[(s["method"] == claim["method"]) & (s["n"] > 1)]   # one draw has no standard error to judge a step by
     if along not in s or s.empty:
-        return "not run", f"no {claim['method']} cells along {along}"
+        return "not run", f"no {claim['method']} cells along {along} with 2 or more seeds"
     keys = [k for k in (c["meta"].get("rows") or []) if k in s and k != along]
     groups = s.groupby(keys, sort=False, dropna=False) if keys else [((), s)]
     held, failed, points = 0, [], []
@@ -269,6 +270,8 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
         else:
             failed.append("/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))) or "all")
     detail = f"{held}/{held + len(failed)} rows; " + "; ".join(points)
+    if single:
+        detail += f"; {single} value(s) with one seed left out"
     want = claim.get("paper_seeds") or paper_seeds(c["meta"])   # a figure's seeds live in its sweep: the claim says
     if want and int(s["n"].min()) < want:
         detail += f"; provisional: fewer than the paper's {want} seeds"
