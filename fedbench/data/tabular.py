@@ -236,16 +236,17 @@ def load_flamby_heart(root: Path, mirror: Optional[Path], download: bool, *,
         raise FedbenchError(f"flamby_heart: standardize must be one of {', '.join(modes)}, got '{standardize}'")
     paths = [uci_file("flamby_heart", f"processed.{c}.data", root, mirror, download) for c in HEART_CENTERS]
     df, y, centers, is_train = heart_frames(paths)
-    x = df.to_numpy().copy()
-    pooled_rows = {"pooled": np.ones_like(is_train), "center_train_pooled_test": ~is_train}.get(standardize)
-    if pooled_rows is not None:
-        mu, sd = x[is_train].mean(0), x[is_train].std(0, ddof=1)
-        x[pooled_rows] = (x[pooled_rows] - mu) / (sd + 1e-9)
-    if standardize in ("center", "center_train_pooled_test"):
+    raw = df.to_numpy()
+    x = raw.copy()
+    mixed = standardize == "center_train_pooled_test"
+    if standardize == "pooled" or mixed:   # the pooled train statistics: every row, or the test rows only
+        rows = ~is_train if mixed else slice(None)
+        x[rows] = (raw[rows] - raw[is_train].mean(0)) / (raw[is_train].std(0, ddof=1) + 1e-9)
+    if standardize == "center" or mixed:   # each hospital's train statistics: all its rows, or its train rows only
         for c in range(len(HEART_CENTERS)):
-            rows = (centers == c) & (is_train if standardize == "center_train_pooled_test" else True)
             tr = (centers == c) & is_train
-            x[rows] = (x[rows] - x[tr].mean(0)) / (x[tr].std(0, ddof=1) + 1e-9)
+            rows = tr if mixed else centers == c
+            x[rows] = (raw[rows] - raw[tr].mean(0)) / (raw[tr].std(0, ddof=1) + 1e-9)
     f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
     return FedDataset(name="flamby_heart", train_x=f32(x[is_train]), train_y=torch.as_tensor(y[is_train]),
                       test_x=f32(x[~is_train]), test_y=torch.as_tensor(y[~is_train]), num_classes=2,
