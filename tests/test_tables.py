@@ -304,6 +304,11 @@ def test_nll_cells_have_their_own_tolerance_floor():
     assert format_cell(nll, 3).endswith("✗")
     acc = attach_reference(summary.assign(mean=84.0), "fedlap", "table1", "accuracy")
     assert "tol_floor" not in acc
+    # App. D.2's centralised MAP test NLL is an NLL too (fold 0's 0.27 against the paper's 0.337 is outside)
+    d2 = pd.DataFrame([{"dataset": "uci_credit", "partition": "homog", "num_clients": 2, "map_delta": 1,
+                        "method": "fedlap", "mean": 0.269, "std": 0.0, "n": 1}])
+    d2 = attach_reference(d2, "fedlap", "appD2", "map_test_nll").iloc[0].to_dict()
+    assert d2["paper"] == pytest.approx(0.337) and format_cell(d2, 1).endswith("✗")
 
 
 def test_row_winner_of_a_loss_is_its_lowest_mean():
