@@ -304,11 +304,15 @@ def test_nll_cells_have_their_own_tolerance_floor():
     assert format_cell(nll, 3).endswith("✗")
     acc = attach_reference(summary.assign(mean=84.0), "fedlap", "table1", "accuracy")
     assert "tol_floor" not in acc
-    # App. D.2's centralised MAP test NLL is an NLL too (fold 0's 0.27 against the paper's 0.337 is outside)
-    d2 = pd.DataFrame([{"dataset": "uci_credit", "partition": "homog", "num_clients": 2, "map_delta": 1,
-                        "method": "fedlap", "mean": 0.269, "std": 0.0, "n": 1}])
-    d2 = attach_reference(d2, "fedlap", "appD2", "map_test_nll").iloc[0].to_dict()
-    assert d2["paper"] == pytest.approx(0.337) and format_cell(d2, 1).endswith("✗")
+    # a derived-column table (App. D.2) gives each row its own metric's floor: the MAP test NLL is an NLL (fold 0's
+    # 0.27 against the paper's 0.337 is outside), its rounds-to-1 % beside it keeps the 3-point floor
+    key = {"dataset": "uci_credit", "partition": "homog", "num_clients": 2, "map_delta": 1, "method": "fedlap"}
+    d2 = pd.DataFrame([{**key, "metric": "map_test_nll", "mean": 0.269, "std": 0.0, "n": 1},
+                       {**key, "metric": "rounds_to_1pct", "mean": 4.0, "std": 0.0, "n": 1}])
+    nll_row, rounds_row = (r.to_dict() for _, r in attach_reference(d2, "fedlap", "appD2", "accuracy").iterrows())
+    assert nll_row["paper"] == pytest.approx(0.337) and nll_row["tol_floor"] == pytest.approx(0.05)
+    assert format_cell(nll_row, 1).endswith("✗")
+    assert rounds_row["paper"] == pytest.approx(2.0) and format_cell(rounds_row, 1).endswith("✓")   # |Δ| = 2 rounds
 
 
 def test_row_winner_of_a_loss_is_its_lowest_mean():

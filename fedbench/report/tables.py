@@ -461,7 +461,11 @@ def attach_reference(summary: pd.DataFrame, paper: str, table: str, metric: str 
     extra = ["scales_with"] if "scales_with" in ref else []   # FedBEns Table 4's per-mixture costs
     merged = summary.merge(ref[[k + "__j" for k in on] + ["mean", "std"] + extra].rename(
         columns={"mean": "paper", "std": "paper_std"}), on=[k + "__j" for k in on], how="left")
-    if "metric" not in merged and metric in TOLERANCE_FLOOR:
+    if "metric" in merged:   # derived columns: each row's own metric (App. D.2's MAP test NLL beside its rounds)
+        floors = merged["metric"].map(TOLERANCE_FLOOR)
+        if floors.notna().any():
+            merged["tol_floor"] = floors
+    elif metric in TOLERANCE_FLOOR:
         merged["tol_floor"] = tolerance_floor(metric)
     return merged.drop(columns=[k + "__j" for k in on] + ["base_method"])
 
