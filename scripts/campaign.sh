@@ -74,26 +74,18 @@ step_fedlap_table1_heart_standardize() {   # gaps.md#fedlap-table1-heart: FLamby
     done
 }
 step_fedlap_credit_fold4() {   # gaps.md#fedlap-table1-fold: PVI's 5-fold KFold test fold 4 (the last 130 shuffled rows), the
-                               # fold whose centralised MAP test NLL matches App. D.2's (scripts/gaps/credit_folds.py)
-    run --name creditfold4 experiment=fedlap/table1 profile=paper dataset=uci_credit dataset.kwargs.test_fold=4
-    run --name creditfold4 experiment=fedlap/table4 profile=paper dataset.kwargs.test_fold=4
-    # and with 1 local epoch a round, the slower local budget of gaps.md#fedlap-table1 (fold 0: FedAvg 76 at round 10)
-    run --name creditfold4e1 experiment=fedlap/table1 profile=paper dataset=uci_credit dataset.kwargs.test_fold=4 "local.epochs=choice(1)"
-    run --name creditfold4e1 experiment=fedlap/table4 profile=paper dataset.kwargs.test_fold=4 "local.epochs=choice(1)"
-    # the same budget on the preset's fold 0: which of the two changes moves which cell
-    run --name creditfold0e1 experiment=fedlap/table1 profile=paper dataset=uci_credit "local.epochs=choice(1)"
-    run --name creditfold0e1 experiment=fedlap/table4 profile=paper "local.epochs=choice(1)"
-    # 5 epochs, the lowest of App. E's UCI grid [5, 10, 20] (1 epoch is outside it)
-    run --name creditfold0e5 experiment=fedlap/table1 profile=paper dataset=uci_credit "local.epochs=choice(5)"
-    run --name creditfold0e5 experiment=fedlap/table4 profile=paper "local.epochs=choice(5)"
-    table --name creditfold4 experiment=fedlap/table1 profile=paper dataset=uci_credit dataset.kwargs.test_fold=4
-    table --name creditfold4 experiment=fedlap/table4 profile=paper dataset.kwargs.test_fold=4
-    table --name creditfold4e1 experiment=fedlap/table1 profile=paper dataset=uci_credit dataset.kwargs.test_fold=4 "local.epochs=choice(1)"
-    table --name creditfold4e1 experiment=fedlap/table4 profile=paper dataset.kwargs.test_fold=4 "local.epochs=choice(1)"
-    table --name creditfold0e1 experiment=fedlap/table1 profile=paper dataset=uci_credit "local.epochs=choice(1)"
-    table --name creditfold0e1 experiment=fedlap/table4 profile=paper "local.epochs=choice(1)"
-    table --name creditfold0e5 experiment=fedlap/table1 profile=paper dataset=uci_credit "local.epochs=choice(5)"
-    table --name creditfold0e5 experiment=fedlap/table4 profile=paper "local.epochs=choice(5)"
+                               # fold whose centralised MAP test NLL matches App. D.2's (scripts/gaps/credit_folds.py),
+                               # crossed with the local budget: 1 epoch (gaps.md#fedlap-table1's slower lead, outside
+                               # App. E's UCI grid [5, 10, 20]) and 5 epochs (the grid's lowest) on the preset's fold 0
+    local reading name fold epochs
+    for reading in creditfold4:4: creditfold4e1:4:1 creditfold0e1::1 creditfold0e5::5; do
+        IFS=: read -r name fold epochs <<< "$reading"
+        local ovs=(${fold:+dataset.kwargs.test_fold=$fold} ${epochs:+"local.epochs=choice($epochs)"})
+        run --name $name experiment=fedlap/table1 profile=paper dataset=uci_credit "${ovs[@]}"
+        run --name $name experiment=fedlap/table4 profile=paper "${ovs[@]}"
+        table --name $name experiment=fedlap/table1 profile=paper dataset=uci_credit "${ovs[@]}"
+        table --name $name experiment=fedlap/table4 profile=paper "${ovs[@]}"
+    done
 }
 step_fedlap_table1_fmnist() {    # FMNIST 10 %, 10 clients, both splits (Tables 2, 3, 5 read these runs)
     run experiment=fedlap/table1 profile=paper dataset=fmnist partition=homo,size_class_dirichlet num_clients=10
