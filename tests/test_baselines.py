@@ -103,3 +103,71 @@ def test_feddyn_with_an_empty_client_matches_the_run_without_it_up_to_the_averag
     for n in init:  # the empty client sends theta_g back: h stays 0 and it enters the mean as theta_g
         assert torch.equal(st["h"][1][n], torch.zeros_like(init[n]))
         assert torch.isfinite(st["params"][n]).all()
+
+
+def test_feddyn_variant_acar_stays_out_of_the_run_id():
+    """Every FedDyn record made before the switch keeps its run id; bayes_admm is a new run."""
+    from omegaconf import OmegaConf
+    from fedbench.config.compose import compose_config
+    from fedbench.results.records import compute_run_id
+    cfg = compose_config(["algorithm=feddyn"])
+    bare = OmegaConf.to_container(cfg, resolve=True)
+    del bare["algorithm"]["variant"]
+    assert cfg.algorithm.variant == "acar" and compute_run_id(cfg) == compute_run_id(bare)
+    assert compute_run_id(compose_config(["algorithm=feddyn", "algorithm.variant=bayes_admm"])) != compute_run_id(cfg)
+
+
+def test_feddyn_bayes_admm_term_gradient_is_the_released_loss():
+    """d/dθ [α_k/2 ||θ-θ_g|| + <θ, α_k h> + wd/2 ||θ||²] = α_k/2 (θ-θ_g)/||θ-θ_g|| + α_k h + wd θ, over all
+    tensors as one vector (the released loss norms the flattened parameter vector); 0 + α_k h at θ = θ_g."""
+    from fedbench.algorithms.feddyn import feddyn_bayes_admm_term
+    g = torch.Generator().manual_seed(1)
+    shapes = {"w": (3, 4), "b": (4,)}
+    p = {n: torch.randn(s, generator=g, requires_grad=True) for n, s in shapes.items()}
+    ctx = {"alpha_k": torch.tensor(0.3), "wd": torch.tensor(0.05),
+           "theta_g": {n: torch.randn(s, generator=g) for n, s in shapes.items()},
+           "h": {n: torch.randn(s, generator=g) for n, s in shapes.items()}}
+    grads = torch.autograd.grad(feddyn_bayes_admm_term(p, ctx), list(p.values()))
+    flat = lambda d: torch.cat([d[n].reshape(-1) for n in shapes])
+    diff = flat(p).detach() - flat(ctx["theta_g"])
+    want = 0.15 * diff / diff.norm() + 0.3 * flat(ctx["h"]) + 0.05 * flat(p).detach()
+    torch.testing.assert_close(torch.cat([t.reshape(-1) for t in grads]), want)
+    at_g = {n: ctx["theta_g"][n].clone().requires_grad_(True) for n in shapes}
+    grads = torch.autograd.grad(feddyn_bayes_admm_term(at_g, ctx), list(at_g.values()))
+    torch.testing.assert_close(torch.cat([t.reshape(-1) for t in grads]),
+                               0.3 * flat(ctx["h"]) + 0.05 * flat(ctx["theta_g"]))
+
+
+def test_feddyn_bayes_admm_server_adds_1_over_k_of_the_weighted_drift_from_round_two():
+    from fedbench.algorithms.base import Message
+    setup = _setup(sizes=(30, 45, 25))
+    alpha = 0.02
+    algo = build_algorithm({"name": "feddyn", "alpha": alpha, "variant": "bayes_admm"}, setup)
+    init = {n: p.detach().clone() for n, p in setup.model.named_parameters()}
+    state = algo.init_state(init)
+    g = torch.Generator().manual_seed(3)
+    rand = lambda: {n: t + torch.randn(t.shape, generator=g) for n, t in init.items()}
+    ctx = algo.local_objective(state, [0, 1, 2], 1).client_ctx
+    assert [float(c["alpha_k"]) for c in ctx] == pytest.approx([alpha * 0.30, alpha * 0.45, alpha * 0.25])
+    w1 = [rand() for _ in range(3)]
+    state = algo.aggregate([Message(k, 1, {"params": w1[k]}) for k in range(3)], state, 1)
+    mean1 = {n: sum(w[n] for w in w1) / 3 for n in init}
+    _close(state["params"], mean1)   # round 1: the plain mean, no history
+    for k in range(3):   # the client duals still count round 1's drift
+        _close(state["h"][k], {n: w1[k][n] - init[n] for n in init})
+    w2 = [rand() for _ in range(3)]
+    state2 = algo.aggregate([Message(k, 1, {"params": w2[k]}) for k in range(3)], state, 2)
+    frac = [0.30, 0.45, 0.25]
+    want = {n: sum(w[n] for w in w2) / 3 + sum(f / 3 * (w[n] - mean1[n]) for f, w in zip(frac, w2)) for n in init}
+    _close(state2["params"], want, rtol=1e-5, atol=1e-6)
+    acar = build_algorithm({"name": "feddyn", "alpha": alpha}, setup)   # acar adds the whole mean of h_k
+    st = acar.aggregate([Message(k, 1, {"params": w1[k]}) for k in range(3)], acar.init_state(init), 1)
+    _close(st["params"], {n: 2 * mean1[n] - init[n] for n in init}, rtol=1e-5, atol=1e-6)
+
+
+def test_feddyn_bayes_admm_trains_the_same_serial_and_batched():
+    runs = [_run(_setup(backend=b), {"name": "feddyn", "alpha": 0.5, "weight_decay": 1e-3, "variant": "bayes_admm"},
+                 rounds=2)[0] for b in ("serial", "batched")]
+    _close(runs[0]["params"], runs[1]["params"], rtol=1e-4, atol=1e-5)
+    plain, _, _ = _run(_setup(), {"name": "feddyn", "alpha": 0.5, "weight_decay": 1e-3}, rounds=2)
+    assert max((plain["params"][n] - runs[0]["params"][n]).abs().max() for n in plain["params"]) > 1e-4

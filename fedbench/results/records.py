@@ -27,7 +27,8 @@ OFF_WHEN_NULL = (("eval", "map_reference"),)
 # Switches (section, key, value) added after records were made: at that value (the old behaviour) they stay out
 # of the identity, for the same reason.
 OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),     # FedLPA's GD step (results/gaps.md#fedlpa-table6)
-                ("study", "aux_pool", "other_clients"))   # the GMI study's aux data (gaps.md#fedfisher-table6)
+                ("study", "aux_pool", "other_clients"),   # the GMI study's aux data (gaps.md#fedfisher-table6)
+                ("algorithm", "variant", "acar"))   # FedDyn's server (gaps.md#fedlap-table3-feddyn)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
