@@ -127,11 +127,13 @@ step_fedlap_table3_feddyn_client_average() {   # gaps.md#fedlap-table3-feddyn: F
     run --name dyncavg experiment=fedlap/table3 profile=paper dataset=mnist partition=homo "$dyn"
     table --name dyncavg experiment=fedlap/table3 profile=paper dataset=mnist partition=homo "$dyn"
 }
-step_fedlap_table3_feddyn_bayes_admm() {   # gaps.md#fedlap-table3-feddyn: FedDyn as the FedLap group's bayes-admm code runs it
-                                          # (alpha_k = alpha N_k/N; the server adds 1/K of the drift, none in round 1)
+step_fedlap_mnist_feddyn_bayes_admm() {   # gaps.md#fedlap-table3-feddyn: MNIST homogeneous FedDyn as the FedLap group's
+                                          # bayes-admm code runs it (alpha_k = alpha N_k/N; the server adds 1/K of the drift)
     local dyn='aggregators=[{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:${hp.dyn_wd},variant:bayes_admm}]'
-    run --name dynbadmm experiment=fedlap/table3 profile=paper dataset=mnist partition=homo "$dyn"
-    table --name dynbadmm experiment=fedlap/table3 profile=paper dataset=mnist partition=homo "$dyn"
+    local mh=(profile=paper dataset=mnist partition=homo "$dyn")
+    run --name dynbadmm experiment=fedlap/table3 "${mh[@]}"   # 50 rounds: Table 3
+    run --name dynbadmm experiment=fedlap/table1 "${mh[@]}"   # 20 rounds: Tables 1, 2 and 5
+    for t in table1 table2 table3 table5; do table --name dynbadmm experiment=fedlap/$t "${mh[@]}"; done
 }
 step_fedlap_appD2() {           # App. D.2 (text): rounds to within 1 % of the centralised MAP's train NLL, test fold 4
     run experiment=fedlap/appD2 profile=paper
@@ -305,7 +307,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_table3_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide)
+       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
