@@ -134,6 +134,10 @@ step_fedlap_mnist_feddyn_bayes_admm() {   # gaps.md#fedlap-table3-feddyn: MNIST 
     run --name dynbadmm experiment=fedlap/table3 "${mh[@]}"   # 50 rounds: Table 3
     run --name dynbadmm experiment=fedlap/table1 "${mh[@]}"   # 20 rounds: Tables 1, 2 and 5
     for t in table1 table2 table3 table5; do table --name dynbadmm experiment=fedlap/$t "${mh[@]}"; done
+    # Fig. 1's weight-decay curves with this FedDyn (the wd = 1e-5 curve is the Table 1 run above)
+    local fig='aggregators=[{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:${hp.dyn_wd},variant:bayes_admm},{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:1.0e-4,variant:bayes_admm},{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:1.0e-6,variant:bayes_admm},{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:0.0,variant:bayes_admm}]'
+    run --name dynbadmm experiment=fedlap/figure1 profile=paper "$fig"
+    table --name dynbadmm experiment=fedlap/figure1 profile=paper "$fig"
 }
 step_fedlap_appD2() {           # App. D.2 (text): rounds to within 1 % of the centralised MAP's train NLL, test fold 4
     run experiment=fedlap/appD2 profile=quick     # the first 100 of the 1000 rounds
