@@ -109,6 +109,19 @@ def test_claims_hold_only_when_every_row_agrees():
         ("not reproduced", "1/2 rows (fails: d/a)")
 
 
+def test_significant_claims_need_a_gap_beyond_two_standard_errors():
+    def coll(w, lo):
+        return {"t": {"summary": pd.DataFrame([
+            {"dataset": "d", "method": "w", "n": 3, "mean": w[0], "std": w[1]},
+            {"dataset": "d", "method": "l", "n": 3, "mean": lo[0], "std": lo[1]}]), "meta": {"rows": ["dataset"]}}}
+    claim = {"collection": "t", "winner": "w", "loser": "l", "significant": True}
+    # 2 * sqrt(0.3^2/3 + 0.3^2/3) = 0.49: a 0.3-point lead is noise, a 0.6-point lead is not
+    assert _claim_status(claim, coll((98.3, 0.3), (98.0, 0.3)))[0] == "not reproduced"
+    assert _claim_status({**claim, "significant": False}, coll((98.3, 0.3), (98.0, 0.3)))[0] == "reproduced"
+    assert _claim_status(claim, coll((98.6, 0.3), (98.0, 0.3)))[0] == "reproduced"
+    assert _claim_status(claim, coll((98.6, float("nan")), (98.0, float("nan"))))[0] == "reproduced"   # one seed: std 0
+
+
 def _along(means, stds, n=10):
     return pd.DataFrame([{"dataset": "d", "width": w, "method": "m", "n": n, "mean": m, "std": sd}
                          for w, m, sd in zip((16, 64, 256, 1024), means, stds)])

@@ -174,7 +174,8 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
 
 def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tuple:
     """(status, detail) of a headline claim: ``{collection, winner, loser}`` (our means must order every row of the
-    collection where both methods ran as the claim says; for a loss such as NLL the winner's mean is the lower) or
+    collection where both methods ran as the claim says; for a loss such as NLL the winner's mean is the lower; with
+    ``significant: true`` by more than 2 combined standard errors) or
     ``{collection, method, along, direction}`` (the method's means must fall, or rise, strictly along the row key
     ``along``). The detail says "provisional" while a compared row has fewer than the paper's seeds for either
     method (the means then rest on fewer, or different, seeds)."""
@@ -202,7 +203,9 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
             continue
         rows += 1
         short += int(min(int(w["n"].iloc[0]), int(lo["n"].iloc[0])) < want)
-        if sign * float(w["mean"].iloc[0]) > sign * float(lo["mean"].iloc[0]):
+        # significant: a claim that one setting is clearly worse ("drops significantly") needs a gap beyond noise
+        margin = _noise(_point(w), _point(lo)) if claim.get("significant") else 0.0
+        if sign * (float(w["mean"].iloc[0]) - float(lo["mean"].iloc[0])) > margin:
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in rv))
@@ -215,6 +218,12 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
 
 
 DIRECTIONS = ("decreasing", "increasing", "falls_then_rises")
+
+
+def _point(g: pd.DataFrame) -> tuple:
+    """(mean, std, n) of a summary row; a missing std (one seed) counts as 0."""
+    sd = float(g["std"].iloc[0]) if "std" in g else 0.0
+    return float(g["mean"].iloc[0]), (sd if sd == sd else 0.0), max(int(g["n"].iloc[0]), 1)
 
 
 def _noise(a: tuple, b: tuple) -> float:
