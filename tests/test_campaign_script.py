@@ -81,10 +81,12 @@ def test_campaign_command_composes(cmd):
 
 
 def collection_name(words):
-    """results/collections.yaml's name of a collect call: <paper>_<table>, then the --name or tuned suffix."""
+    """results/collections.yaml's name of a collect call: <paper>_<table>, a profile other than paper, then the
+    --name or tuned suffix."""
     exp = next(w.split("=", 1)[1] for w in words if w.startswith("experiment="))
+    profile = next((w.split("=", 1)[1] for w in words if w.startswith("profile=")), "paper")
     suffix = words[words.index("--name") + 1] if "--name" in words else "tuned" if "tuning=on" in words else None
-    return exp.replace("/", "_") + (f"_{suffix}" if suffix else "")
+    return exp.replace("/", "_") + (f"_{profile}" if profile != "paper" else "") + (f"_{suffix}" if suffix else "")
 
 
 @pytest.mark.parametrize("cmd", sorted({" ".join(c) for c in campaign_commands("--collect", "all", keep_name=True)}))

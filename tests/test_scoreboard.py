@@ -339,3 +339,14 @@ def test_setting_variants_count_each_setting_run_apart():
       + [{"dataset": "mnist", "partition": "beta=0.5", "method": "fedprox(mu=0.01)", "n": 0, "mean": None, "paper": None}])
     colls = {"t": {"summary": summary, "meta": {"rows": ["dataset", "partition"]}}}
     assert setting_variants(["t"], colls) == 3
+
+
+def test_setting_variants_count_once_per_column_of_a_multi_column_table():
+    """App. D.2: FedDyn's three α against one paper number in each of two columns are 2 + 2 extra cells."""
+    from fedbench.report.scoreboard import setting_variants
+    summary = pd.DataFrame([
+        {"dataset": "uci_credit", "map_delta": 0.0, "column": col, "method": f"feddyn(alpha={a})", "n": 1,
+         "mean": 1.0, "paper": 2.0}
+        for col in ("rounds to 1%", "MAP test NLL") for a in (1e-3, 1e-4, 1e-5)])
+    colls = {"t": {"summary": summary, "meta": {"rows": ["dataset", "map_delta"]}}}
+    assert setting_variants(["t"], colls) == 4

@@ -149,7 +149,8 @@ def setting_variants(names: List[str], colls: dict) -> int:
                 continue
             if "metric" in r and is_cost(r["metric"]):
                 continue
-            cell = tuple(norm_key(r.get(k)) for k in keys)
+            # a multi-column table (App. D.2: rounds, gap, MAP NLL) has one paper cell per column of a row
+            cell = tuple(norm_key(r.get(k)) for k in keys) + ((norm_key(r.get("column")),) if "column" in r else ())
             seen.setdefault((cell, base_method(r["method"])), set()).add(str(r["method"]))
     return sum(len(v) - 1 for v in seen.values())
 
