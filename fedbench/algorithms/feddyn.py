@@ -62,6 +62,7 @@ class FedDyn(Algorithm):
         super().__init__(cfg, setup)
         opts = read_options(self.Options, cfg, self.name)
         self.alpha, self.wd, self.evaluate, self.variant = opts.alpha, opts.weight_decay, opts.evaluate, opts.variant
+        self.alpha_k = [self._alpha_k(c) for c in range(len(setup.client_indices))]   # fixed by the split
 
     def init_state(self, params):
         k = self.setup.num_clients
@@ -82,7 +83,7 @@ class FedDyn(Algorithm):
 
     def local_objective(self, state, client_ids, round_idx):
         dev = self.setup.device
-        ctx = [{"alpha_k": torch.tensor(self._alpha_k(c), device=dev), "h": state["h"][c]} for c in client_ids]
+        ctx = [{"alpha_k": torch.tensor(self.alpha_k[c], device=dev), "h": state["h"][c]} for c in client_ids]
         shared = {"theta_g": state["params"], "wd": torch.tensor(self.wd, device=dev)}
         term = feddyn_bayes_admm_term if self.variant == "bayes_admm" else feddyn_term
         return LocalObjective(terms=[term], shared_ctx=shared, client_ctx=ctx)
@@ -102,7 +103,7 @@ class FedDyn(Algorithm):
         history = state["history"]
         if round_idx > 1:   # the released server adds nothing in its first round
             k = self.setup.num_clients
-            history = {n: history[n] + sum(self._alpha_k(m.client_id) / k * (m.payload["params"][n] - state["params"][n])
+            history = {n: history[n] + sum(self.alpha_k[m.client_id] / k * (m.payload["params"][n] - state["params"][n])
                                            for m in messages) for n in history}
         theta_g = {n: avg[n] + history[n] / self.alpha for n in avg}
         return {"params": theta_g, "avg": avg, "h": h, "history": history}
