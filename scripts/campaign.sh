@@ -144,6 +144,11 @@ step_fedlap_mnist_feddyn_bayes_admm() {   # gaps.md#fedlap-table3-feddyn: MNIST 
     run --name dynbadmm experiment=fedlap/figure1 profile=paper "$fig"
     table --name dynbadmm experiment=fedlap/figure1 profile=paper "$fig"
 }
+appd2_whatif() {   # an App. D.2 what-if with FedDyn: name, profile, the aggregator list (measured against the delta = 0 MAP)
+    local sweeps="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[$3]\"]}]"
+    run --name "$1" experiment=fedlap/appD2 profile="$2" "$sweeps"
+    table --name "$1" experiment=fedlap/appD2 profile="$2" "$sweeps"
+}
 step_fedlap_appD2() {           # App. D.2 (text): rounds to within 1 % of the centralised MAP's train NLL, test fold 4
     run experiment=fedlap/appD2 profile=quick     # the first 100 of the 1000 rounds
     table experiment=fedlap/appD2 profile=quick
@@ -156,25 +161,15 @@ step_fedlap_appD2() {           # App. D.2 (text): rounds to within 1 % of the c
     # what-if: FedDyn at alpha above the UCI grid (10, 100, 1000x its largest; gaps.md#fedlap-appd2), the first 100
     # rounds for both FedDyns, then all 1000 for the two largest of the preset's (not within 1 % at round 100)
     local dyn='{name:feddyn,alpha:1.0e-2,weight_decay:0.0},{name:feddyn,alpha:1.0e-1,weight_decay:0.0},{name:feddyn,alpha:1.0,weight_decay:0.0}'
-    local big="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[$dyn]\"]}]"
-    local bigbadmm="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[${dyn//weight_decay:0.0/weight_decay:0.0,variant:bayes_admm}]\"]}]"
-    local bigpaper="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[${dyn#*\},}]\"]}]"
-    run --name dynalpha experiment=fedlap/appD2 profile=quick "$big"
-    table --name dynalpha experiment=fedlap/appD2 profile=quick "$big"
-    run --name dynbadmmalpha experiment=fedlap/appD2 profile=quick "$bigbadmm"
-    table --name dynbadmmalpha experiment=fedlap/appD2 profile=quick "$bigbadmm"
-    run --name dynalpha experiment=fedlap/appD2 profile=paper "$bigpaper"
-    table --name dynalpha experiment=fedlap/appD2 profile=paper "$bigpaper"
+    appd2_whatif dynalpha quick "$dyn"
+    appd2_whatif dynbadmmalpha quick "${dyn//weight_decay:0.0/weight_decay:0.0,variant:bayes_admm}"
+    appd2_whatif dynalpha paper "${dyn#*\},}"
     # bayes-admm's FedDyn between its last converging alpha (1e-3) and its first worsening one (1e-2), the first 100
     # rounds; then all 1000 rounds for its smallest UCI-grid alpha and its first worsening one
     local fine='{name:feddyn,alpha:2.0e-3,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:3.0e-3,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:5.0e-3,weight_decay:0.0,variant:bayes_admm}'
-    local finebadmm="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[$fine]\"]}]"
     local ends='{name:feddyn,alpha:1.0e-5,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:1.0e-2,weight_decay:0.0,variant:bayes_admm}'
-    local endsbadmm="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[$ends]\"]}]"
-    run --name dynbadmmfine experiment=fedlap/appD2 profile=quick "$finebadmm"
-    table --name dynbadmmfine experiment=fedlap/appD2 profile=quick "$finebadmm"
-    run --name dynbadmmalpha experiment=fedlap/appD2 profile=paper "$endsbadmm"
-    table --name dynbadmmalpha experiment=fedlap/appD2 profile=paper "$endsbadmm"
+    appd2_whatif dynbadmmfine quick "$fine"
+    appd2_whatif dynbadmmalpha paper "$ends"
 }
 step_fedlap_figure1() {
     run experiment=fedlap/figure1 profile=paper
