@@ -153,9 +153,7 @@ step_fedlap_appD2() {           # App. D.2 (text): rounds to within 1 % of the c
     run experiment=fedlap/appD2 profile=quick     # the first 100 of the 1000 rounds
     table experiment=fedlap/appD2 profile=quick
     # what-if: FedDyn as bayes-admm runs it (gaps.md#fedlap-appd2), the first 100 rounds
-    local badmm='table.sweeps=[{eval.map_reference:[0.0],aggregators:["[{name:feddyn,alpha:1.0e-3,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:1.0e-4,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:1.0e-5,weight_decay:0.0,variant:bayes_admm}]"]}]'
-    run --name dynbadmm experiment=fedlap/appD2 profile=quick "$badmm"
-    table --name dynbadmm experiment=fedlap/appD2 profile=quick "$badmm"
+    appd2_whatif dynbadmm quick '{name:feddyn,alpha:1.0e-3,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:1.0e-4,weight_decay:0.0,variant:bayes_admm},{name:feddyn,alpha:1.0e-5,weight_decay:0.0,variant:bayes_admm}'
     run experiment=fedlap/appD2 profile=paper
     table experiment=fedlap/appD2 profile=paper
     # what-if: FedDyn at alpha above the UCI grid (10, 100, 1000x its largest; gaps.md#fedlap-appd2), the first 100
