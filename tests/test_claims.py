@@ -124,6 +124,18 @@ def test_heartbeat_keeps_a_held_claim_fresh(tmp_path):
         assert time.time() - path.stat().st_mtime < 10
 
 
+def test_is_held_only_by_a_live_holder(tmp_path):
+    path = tmp_path / "job.claim"
+    assert not claims.is_held(path)   # no claim file
+    _foreign(path, socket.gethostname(), _dead_pid())
+    assert not claims.is_held(path, timeout_s=60)   # its holder is gone
+    _foreign(path, "elsewhere", 12345, age_s=5)
+    assert claims.is_held(path, timeout_s=60) and not claims.is_held(path, timeout_s=1)   # silent past the timeout
+    path.unlink()
+    with claim(path, "job"):
+        assert claims.is_held(path)
+    assert not claims.is_held(path)
+
 def test_claim_timeout_env(monkeypatch):
     from fedbench.errors import FedbenchError
 

@@ -106,5 +106,61 @@ def test_run_local_isolates_and_runs_every_job(tmp_path, monkeypatch):
     assert (total["ok"], total["failed"], total["skipped"]) == (0, 0, 1)
 
 
+
+def test_busy_last_puts_off_runs_another_process_holds(capsys):
+    todo = [["seed=0"], ["seed=1"], ["seed=2"], ["seed=3"]]
+    busy = {("seed=1",), ("seed=2",)}
+    assert list(jobs.busy_last(todo, lambda ovs: tuple(ovs) in busy)) == [["seed=0"], ["seed=3"], ["seed=1"], ["seed=2"]]
+    err = capsys.readouterr().err
+    assert "seed=1 is being run by another process; left for the end of this sweep" in err and "seed=0" not in err
+
+
+def test_claimed_elsewhere_sees_a_live_claim_on_any_aggregator_of_the_run(tmp_path, monkeypatch):
+    from fedbench.config import CONF_DIR
+    from fedbench.config.aggregators import expand_aggregators
+    from fedbench.launch.sweep import compose_run, run_dir
+    from fedbench.results.claims import claim
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    job = TINY + ["num_clients=2", "aggregators=[fedavg,fednova]"]
+    second = run_dir(expand_aggregators(compose_run(job), CONF_DIR)[1], os.getcwd())
+    assert not jobs.claimed_elsewhere(job, os.getcwd())
+    with claim(second / ".claim", "the second aggregator's run"):   # held by a live holder: this process
+        assert jobs.claimed_elsewhere(job, os.getcwd())
+        assert not jobs.claimed_elsewhere(TINY + ["num_clients=3", "aggregators=[fedavg,fednova]"], os.getcwd())
+    assert not jobs.claimed_elsewhere(job, os.getcwd())   # released
+    assert not jobs.claimed_elsewhere(TINY + ["model=nosuchmodel"], os.getcwd())   # its job reports the error
+
+
+
+def test_a_second_launcher_runs_what_the_first_does_not_hold(tmp_path, monkeypatch):
+    """Another process holds seed 0's claim until seed 1 is done: the sweep runs seed 1 first instead of
+    waiting (before, it waited out the holder, which here would only let go after its 60 s patience)."""
+    import threading
+    import time
+    from fedbench.launch.sweep import compose_run, run_dir
+    from fedbench.results.claims import claim
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    todo = [TINY + ["num_clients=2", f"seed={s}"] for s in (0, 1)]
+    first, second = (run_dir(compose_run(ovs), os.getcwd()) for ovs in todo)
+    held, seen = threading.Event(), {}
+
+    def other_launcher():
+        with claim(first / ".claim", "seed 0 elsewhere"):
+            held.set()
+            deadline = time.time() + 60
+            while not (second / "metrics.json").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            seen["second_done_while_held"] = (second / "metrics.json").exists()
+
+    t = threading.Thread(target=other_launcher)
+    t.start()
+    held.wait(10)
+    total = jobs.run_local(todo, os.getcwd(), jobs=1)
+    t.join()
+    assert seen["second_done_while_held"] and total["ok"] == 2
+    assert [read_record(first / "metrics.json")["status"], read_record(second / "metrics.json")["status"]] == ["ok", "ok"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -4,12 +4,15 @@ run.py and the preflight import before anything needs torch."""
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Sequence
+import sys
+from typing import Callable, Dict, Iterator, List, Sequence
 
 from fedbench.config import CONF_DIR
 from fedbench.errors import FedbenchError
 from fedbench.launch.parallel import failed_outcome, merge_outcomes, run_isolated, summary_line
+from fedbench.config.aggregators import expand_aggregators
 from fedbench.launch.sweep import compose_run, run_dir
+from fedbench.results.claims import is_held
 from fedbench.runner import execute_all
 
 
@@ -48,7 +51,8 @@ def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | N
 def local_slice(todo: Sequence[Sequence[str]], launch_dir: str) -> Dict:
     """One local submitit task: its share of the sweep, one run after another. Returns the merged outcome
     with the run ids and statuses of every record (as ``run_job``)."""
-    total = merge_outcomes(local_job(list(ovs), launch_dir) for ovs in todo)
+    order = busy_last(todo, lambda ovs: claimed_elsewhere(ovs, launch_dir))
+    total = merge_outcomes(local_job(list(ovs), launch_dir) for ovs in order)
     print(summary_line(total), flush=True)   # the last line of this task's log
     return {**total, "status": ["ok"] * total["ok"] + ["skipped"] * total["skipped"] + ["failed"] * total["failed"]}
 
@@ -59,5 +63,33 @@ def run_local(todo: Sequence[Sequence[str]], launch_dir: str, jobs: int) -> Dict
 
     n = max(1, min(jobs, len(todo)))
     env = {k: v for k, v in os.environ.items() if k.startswith("FEDBENCH_")}
-    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_job)(list(ovs), launch_dir, env) for ovs in todo)
+    order = busy_last(todo, lambda ovs: claimed_elsewhere(ovs, launch_dir))
+    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_job)(list(ovs), launch_dir, env) for ovs in order)
     return merge_outcomes(outcomes)
+
+
+def busy_last(todo: Sequence[Sequence[str]], busy: Callable[[Sequence[str]], bool]) -> Iterator[Sequence[str]]:
+    """``todo`` in order, except that a run ``busy`` says another process is training when its turn comes
+    is put off to the end: two launchers on one sweep (two terminals, a second queue) then split it instead
+    of one waiting out the other's claim. A put-off run is tried last and then waits for the claim as before
+    (usually to find the other's ok record and skip). Lazy: joblib asks for a run when a worker is free."""
+    later = []
+    for ovs in todo:
+        if busy(ovs):
+            print(f"fedbench: {' '.join(ovs)} is being run by another process; left for the end of this sweep",
+                  file=sys.stderr, flush=True)
+            later.append(ovs)
+        else:
+            yield ovs
+    yield from later
+
+
+def claimed_elsewhere(overrides: Sequence[str], launch_dir: str) -> bool:
+    """Whether a live holder claims the run (or one run of its aggregator list) now; a run that does not
+    compose is not busy (its job reports the error)."""
+    try:
+        cfg = compose_run(list(overrides))
+        subs = expand_aggregators(cfg, CONF_DIR) if cfg.get("aggregators") else [cfg]
+        return any(is_held(run_dir(sub, launch_dir) / ".claim") for sub in subs)
+    except Exception:
+        return False

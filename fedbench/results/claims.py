@@ -106,6 +106,12 @@ def acquire(path: Path, what: str, *, timeout_s: float, poll_s: float = 1.0, wai
         sleep = min(sleep * 2, poll_s)
 
 
+def is_held(path: str | os.PathLike, timeout_s: Optional[float] = None) -> bool:
+    """Whether a live holder has the claim at ``path`` now (a stale one, whose holder is gone, is not held)."""
+    seen = _read(Path(path))
+    return seen is not None and not _is_stale(seen, claim_timeout() if timeout_s is None else float(timeout_s))
+
+
 def release(c: Claim) -> None:
     """Give the claim up: delete its file if it is still ours (it is not if we were taken over)."""
     _unregister(c)
