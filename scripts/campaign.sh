@@ -328,6 +328,16 @@ step_fedlpa_table9_fmnist() {    # Table 9: 5 clients, 200 local epochs, 6 beta 
     table experiment=fedlpa/table9 profile=paper
 }
 
+step_fedlpa_table10_short() {    # Table 10 (beta = 0.001), its 10- and 20-epoch columns on MNIST and FMNIST, 3 seeds; the
+                                 # 50-200-epoch columns (about 0.5-2 CPU h a run) and DENSE are left out
+    for e in 10 20; do
+        for d in fmnist mnist; do
+            run experiment=fedlpa/table10 profile=paper dataset=$d local.epochs=$e "$FEDLPA_CG"
+        done
+    done
+    table experiment=fedlpa/table10 profile=paper
+}
+
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -337,7 +347,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide)
+       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
