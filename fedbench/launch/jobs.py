@@ -8,9 +8,9 @@ import sys
 from typing import Callable, Dict, Iterator, List, Sequence
 
 from fedbench.config import CONF_DIR
+from fedbench.config.aggregators import expand_aggregators
 from fedbench.errors import FedbenchError
 from fedbench.launch.parallel import failed_outcome, merge_outcomes, run_isolated, summary_line
-from fedbench.config.aggregators import expand_aggregators
 from fedbench.launch.sweep import compose_run, run_dir
 from fedbench.results.claims import is_held
 from fedbench.runner import execute_all
