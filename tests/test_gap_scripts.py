@@ -92,3 +92,73 @@ def test_fedlpa_dataset_and_fedlpa_script(tmp_path, tmp_path_factory):
     out = _run(LPA, str(tmp_path), "0", "noniid-#label2", env_extra={"DATASET": "mnist", "FEDBENCH_DATA_ROOT": str(empty_root)})
     assert out.returncode == 2 and "no MNIST copy" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "data").exists()
+
+
+def test_fedlpa_dump_needs_fedlpa(tmp_path):
+    (tmp_path / "experiments.py").write_text("raise SystemExit('must not run')\n")
+    out = _run(LPA, str(tmp_path), "0", "noniid-#label2", "fedavg", env_extra={"DUMP": str(tmp_path / "c.pt")})
+    assert out.returncode == 2 and "DUMP needs alg 'our'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()
+
+
+CROSS = ROOT / "scripts" / "gaps" / "fedlpa_cross_server.py"
+
+
+def _cross():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fedlpa_cross_server", CROSS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fedlpa_cross_server_rejects_bad_input(tmp_path, capsys):
+    cross = _cross()
+    assert cross.main([str(tmp_path), str(tmp_path / "c.pt")]) == 2
+    assert "has no experiments_our.py" in capsys.readouterr().err
+    (tmp_path / "experiments_our.py").write_text("")
+    assert cross.main([str(tmp_path), str(tmp_path / "c.pt")]) == 2
+    assert "no such dump" in capsys.readouterr().err
+
+
+def _fake_dump(shared_factors: bool):
+    """Three clients of a 2-layer net (conv 3x2x2x2 with bias, linear 4x12 without), SPD factors."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+
+    def spd(n):
+        X = torch.randn(n, n, generator=g)
+        return X @ X.T / n + 0.5 * torch.eye(n)
+    sizes = {"conv": (3, 9), "fc": (4, 12)}
+    base = {n: (spd(i), spd(o)) for n, (o, i) in sizes.items()}
+    clients, factors = [], []
+    for _ in range(3):
+        clients.append({"conv.weight": torch.randn(3, 2, 2, 2, generator=g), "conv.bias": torch.randn(3, generator=g),
+                        "fc.weight": torch.randn(4, 12, generator=g)})
+        factors.append(base if shared_factors else {n: (spd(i), spd(o)) for n, (o, i) in sizes.items()})
+    return {"clients": clients, "factors": factors, "p": [0.5, 0.3, 0.2]}
+
+
+def test_fedlpa_cross_server_solvers_on_a_known_system():
+    import torch
+    cross = _cross()
+    # equal factors on every client: the product of Gaussians' mean is the p-weighted average of the M_k
+    dump = _fake_dump(shared_factors=True)
+    sol = cross.solve_all(dump, torch.float64, gd_lr=0.01, gd_steps=50)   # a stable step: lr < numel / lambda_max^2
+    for name, Ms, _, _ in cross.layer_systems(dump):
+        avg = sum(p * M for p, M in zip(dump["p"], Ms.double()))
+        for k in ("ea", "gd", "cg"):
+            assert torch.allclose(sol[k][0][name], avg, atol=1e-8), (k, name)
+            assert sol[k][1] < 1e-6
+    assert cross.layer_systems(dump).__next__()[1].shape == (3, 3, 9)   # conv [W | b]: 3 x (2*2*2 + 1)
+    # different factors: EA is not the solution, CG is (dense check on the Kronecker system)
+    dump = _fake_dump(shared_factors=False)
+    sol = cross.solve_all(dump, torch.float64, gd_lr=0.01, gd_steps=10)
+    for name, Ms, As, Gs in cross.layer_systems(dump):
+        p = torch.tensor(dump["p"], dtype=torch.float64)
+        K = sum(pk * torch.kron(A.double(), G.double()) for pk, A, G in zip(p, As, Gs))   # vec(G M A) = (A ⊗ G) vec(M)
+        z = sum(pk * torch.kron(A.double(), G.double()) @ M.double().T.reshape(-1) for pk, A, G, M in zip(p, As, Gs, Ms))
+        exact = torch.linalg.solve(K, z).reshape(Ms.shape[2], Ms.shape[1]).T
+        assert torch.allclose(sol["cg"][0][name], exact, atol=1e-6)
+        assert not torch.allclose(sol["ea"][0][name], exact, atol=1e-3)
+    assert sol["cg"][1] < 1e-7 and sol["ea"][1] > 1e-3

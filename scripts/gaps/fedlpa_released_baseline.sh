@@ -21,6 +21,8 @@
 # seed, keeps the split of <seed> and reseeds torch, numpy and random right after the split is drawn (the wrapper
 # wraps utils.partition_data; the released files are unchanged), to measure the released code's training spread on
 # one split.
+# DUMP=<file.pt> (alg 'our' only) saves the released clients' weights, their damped K-FAC factors, the weights p_k and
+# the logged GD / EA test accuracies, for fedbench's server on the same clients: scripts/gaps/fedlpa_cross_server.py.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 <released checkout> <seed> <partition flags> [alg=fedavg] [epochs=20] [train seed]" >&2; exit 2; }
 [ -d "$1" ] || { echo "error: no such folder: $1" >&2; exit 2; }
@@ -29,6 +31,8 @@ REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}; TRAI
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 DATASET=${DATASET:-fmnist}
+DUMP=${DUMP:-}
+[ -z "$DUMP" ] || { [ "$ALG" = our ] || { echo "error: DUMP needs alg 'our' (FedLPA)" >&2; exit 2; }; DUMP=$(cd "$(dirname "$DUMP")" && pwd)/$(basename "$DUMP"); }
 case $DATASET in fmnist) DIR=FashionMNIST ;; mnist) DIR=MNIST ;;
     *) echo "error: DATASET must be fmnist or mnist (got '$DATASET')" >&2; exit 2 ;; esac
 SCRIPT=experiments.py; EXTRA=""
@@ -45,7 +49,7 @@ done
 cd "$REL"
 before=$(ls logs | wc -l)
 # shellcheck disable=SC2086
-OMP_NUM_THREADS=1 TRAIN_SEED="$TRAIN_SEED" DATASET="$DATASET" "$PY" -c "
+OMP_NUM_THREADS=1 TRAIN_SEED="$TRAIN_SEED" DATASET="$DATASET" DUMP="$DUMP" "$PY" -c "
 import os, random, runpy, sys, numpy, torch
 torch.set_num_threads(1)
 if os.environ['TRAIN_SEED']:
@@ -66,6 +70,27 @@ if os.environ['DATASET'] == 'mnist':
     def mnist(datadir, dataidxs=None, train=True, transform=None, download=False, **kw):
         return utils.MNIST_truncated(datadir, dataidxs=dataidxs, train=train, transform=T.ToTensor(), download=download)
     utils.Generated = mnist
+if os.environ['DUMP']:
+    # FedLPA ('our') only: after the server step, save the clients' weights, their damped factors, the weights p_k,
+    # the global model and the logged GD / EA test accuracies for scripts/gaps/fedlpa_cross_server.py. The released
+    # loop calls compute_accuracy on test_dl_global twice once newtons_param exists (GD model, then EA model).
+    sys.path.insert(0, '.')
+    import copy, utils
+    measured, logged = utils.compute_accuracy, []
+    def compute_and_dump(model, dataloader, *a, **kw):
+        out = measured(model, dataloader, *a, **kw)
+        g = sys._getframe(1).f_globals
+        if 'newtons_param' in g and dataloader is g.get('test_dl_global'):
+            logged.append(float(out[0] if isinstance(out, tuple) else out))
+            if len(logged) == 2:
+                sel = [int(i) for i in g['selected']]
+                torch.save({'clients': [g['nets'][i].state_dict() for i in sel],
+                            'factors': [{n: (f[0], f[1]) for n, f in g['f_nets'][i].items()} for i in sel],
+                            'p': [float(x) for x in g['fed_avg_freqs']], 'model': copy.deepcopy(g['global_model']),
+                            'released_gd': logged[0], 'released_ea': logged[1], 'args': vars(g['args'])},
+                           os.environ['DUMP'])
+        return out
+    utils.compute_accuracy = compute_and_dump
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name='__main__')" $SCRIPT --model=simple-cnn --dataset=$DATASET \
     --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties=10 --rho=0.9 --comm_round=1 \
