@@ -162,3 +162,14 @@ def test_fedlpa_cross_server_solvers_on_a_known_system():
         assert torch.allclose(sol["cg"][0][name], exact, atol=1e-6)
         assert not torch.allclose(sol["ea"][0][name], exact, atol=1e-3)
     assert sol["cg"][1] < 1e-7 and sol["ea"][1] > 1e-3
+
+
+def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fedlap_val_vs_test_nll", ROOT / "scripts" / "gaps" / "fedlap_val_vs_test_nll.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (tmp_path / "metrics.json").write_text("{}")
+    assert mod.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no metrics.json and model.pt" in err and len(err.strip().splitlines()) == 1
