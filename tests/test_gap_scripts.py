@@ -136,7 +136,10 @@ def _fake_dump(shared_factors: bool):
         clients.append({"conv.weight": torch.randn(3, 2, 2, 2, generator=g), "conv.bias": torch.randn(3, generator=g),
                         "fc.weight": torch.randn(4, 12, generator=g)})
         factors.append(base if shared_factors else {n: (spd(i), spd(o)) for n, (o, i) in sizes.items()})
-    return {"clients": clients, "factors": factors, "p": [0.5, 0.3, 0.2]}
+    model = torch.nn.Sequential()
+    model.add_module("conv", torch.nn.Conv2d(2, 3, 2))
+    model.add_module("fc", torch.nn.Linear(12, 4, bias=False))
+    return {"clients": clients, "factors": factors, "p": [0.5, 0.3, 0.2], "model": model}
 
 
 def test_fedlpa_cross_server_solvers_on_a_known_system():
@@ -145,23 +148,25 @@ def test_fedlpa_cross_server_solvers_on_a_known_system():
     # equal factors on every client: the product of Gaussians' mean is the p-weighted average of the M_k
     dump = _fake_dump(shared_factors=True)
     sol = cross.solve_all(dump, torch.float64, gd_lr=0.01, gd_steps=50)   # a stable step: lr < numel / lambda_max^2
-    for name, Ms, _, _ in cross.layer_systems(dump):
+    for spec, Ms, _, _ in cross.layer_systems(dump):
         avg = sum(p * M for p, M in zip(dump["p"], Ms.double()))
         for k in ("ea", "gd", "cg"):
-            assert torch.allclose(sol[k][0][name], avg, atol=1e-8), (k, name)
+            assert torch.allclose(spec.to_matrix(sol[k][0]), avg, atol=1e-8), (k, spec.module)
             assert sol[k][1] < 1e-6
     assert cross.layer_systems(dump).__next__()[1].shape == (3, 3, 9)   # conv [W | b]: 3 x (2*2*2 + 1)
     # different factors: EA is not the solution, CG is (dense check on the Kronecker system)
     dump = _fake_dump(shared_factors=False)
     sol = cross.solve_all(dump, torch.float64, gd_lr=0.01, gd_steps=10)
-    for name, Ms, As, Gs in cross.layer_systems(dump):
+    for spec, Ms, As, Gs in cross.layer_systems(dump):
         p = torch.tensor(dump["p"], dtype=torch.float64)
         K = sum(pk * torch.kron(A.double(), G.double()) for pk, A, G in zip(p, As, Gs))   # vec(G M A) = (A ⊗ G) vec(M)
         z = sum(pk * torch.kron(A.double(), G.double()) @ M.double().T.reshape(-1) for pk, A, G, M in zip(p, As, Gs, Ms))
         exact = torch.linalg.solve(K, z).reshape(Ms.shape[2], Ms.shape[1]).T
-        assert torch.allclose(sol["cg"][0][name], exact, atol=1e-6)
-        assert not torch.allclose(sol["ea"][0][name], exact, atol=1e-3)
+        assert torch.allclose(spec.to_matrix(sol["cg"][0]), exact, atol=1e-6)
+        assert not torch.allclose(spec.to_matrix(sol["ea"][0]), exact, atol=1e-3)
     assert sol["cg"][1] < 1e-7 and sol["ea"][1] > 1e-3
+    only_gd = cross.solve_all(dump, torch.float32, gd_lr=0.01, gd_steps=10, solvers=("gd",))
+    assert set(only_gd) == {"gd"} and set(only_gd["gd"][0]) == {"conv.weight", "conv.bias", "fc.weight"}
 
 
 def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):

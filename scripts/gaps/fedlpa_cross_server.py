@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -32,50 +32,43 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedbench.algorithms.fedlpa import cg_solve, ea_solve, gd_solve, rel_residual  # noqa: E402
+from fedbench.algorithms.fedlpa import LayerSpec, cg_solve, ea_solve, gd_solve, layer_specs, rel_residual  # noqa: E402
 
 TEST_SETS = {"mnist": "MNIST", "fmnist": "FashionMNIST"}
 
 
-def layer_systems(dump: dict) -> Iterator[Tuple[str, Tensor, Tensor, Tensor]]:
-    """(layer, M_k stacked, A_k stacked, G_k stacked): M_k = [W | b] with a conv kernel flattened to (out, in·kh·kw)."""
-    for name in dump["factors"][0]:
-        Ms = []
-        for sd in dump["clients"]:
-            w = sd[name + ".weight"].reshape(sd[name + ".weight"].shape[0], -1)
-            b = sd.get(name + ".bias")
-            Ms.append(w if b is None else torch.cat([w, b[:, None]], 1))
-        yield (name, torch.stack(Ms), torch.stack([f[name][0] for f in dump["factors"]]),
-               torch.stack([f[name][1] for f in dump["factors"]]))
+def layer_systems(dump: dict) -> Iterator[Tuple[LayerSpec, Tensor, Tensor, Tensor]]:
+    """(layer, M_k stacked, A_k stacked, G_k stacked) for each Linear/Conv2d layer of the dump's network, with
+    M_k = [W | b] laid out as fedbench's FedLPA server lays it out (LayerSpec.to_matrix)."""
+    for spec in layer_specs(dump["model"])[0]:
+        yield (spec, torch.stack([spec.to_matrix(sd) for sd in dump["clients"]]),
+               torch.stack([f[spec.module][0] for f in dump["factors"]]),
+               torch.stack([f[spec.module][1] for f in dump["factors"]]))
 
 
-def solve_all(dump: dict, dtype: torch.dtype, gd_lr: float, gd_steps: int) -> Dict[str, Tuple[Dict[str, Tensor], float]]:
-    """Each solver's layer matrices and its worst layer relative residual (in float64)."""
+def solve_all(dump: dict, dtype: torch.dtype, gd_lr: float, gd_steps: int,
+              solvers: Sequence[str] = ("ea", "gd", "cg")) -> Dict[str, Tuple[Dict[str, Tensor], float]]:
+    """Each requested solver's parameters (fedbench's names) and its worst layer relative residual (in float64)."""
     p = torch.tensor(dump["p"], dtype=dtype)
-    out: Dict[str, Tuple[Dict[str, Tensor], List[float]]] = {k: ({}, []) for k in ("ea", "gd", "cg")}
-    for name, Ms, As, Gs in layer_systems(dump):
+    out: Dict[str, Tuple[Dict[str, Tensor], List[float]]] = {k: ({}, []) for k in solvers}
+    for spec, Ms, As, Gs in layer_systems(dump):
         Ms, As, Gs = Ms.to(dtype), As.to(dtype), Gs.to(dtype)
         M_ea, Z, A_bar, G_bar = ea_solve(Gs, As, p, Ms)
-        sols = {"ea": M_ea, "gd": gd_solve(Gs, As, p, Z, M_ea, gd_steps, gd_lr),
-                "cg": cg_solve(Gs, As, p, Z, M_ea, tol=1e-8, max_iters=1000, precond=(G_bar, A_bar))[0]}
-        for k, M in sols.items():
-            out[k][0][name] = M
+        sols = {"ea": lambda: M_ea, "gd": lambda: gd_solve(Gs, As, p, Z, M_ea, gd_steps, gd_lr),
+                "cg": lambda: cg_solve(Gs, As, p, Z, M_ea, tol=1e-8, max_iters=1000, precond=(G_bar, A_bar))[0]}
+        for k in solvers:
+            M = sols[k]()
+            out[k][0].update(spec.from_matrix(M))
             out[k][1].append(rel_residual(Gs, As, Ms, p, M))
-    return {k: (mats, max(res)) for k, (mats, res) in out.items()}
+    return {k: (params, max(res)) for k, (params, res) in out.items()}
 
 
-def accuracy(model: torch.nn.Module, dump: dict, mats: Dict[str, Tensor], test) -> float:
-    """Test accuracy (%) of the released network with every layer set to ``mats`` (non-finite weights: 'nan')."""
-    sd = {k: v.clone() for k, v in dump["clients"][0].items()}
-    for name, M in mats.items():
-        shape = sd[name + ".weight"].shape
-        has_bias = name + ".bias" in sd
-        sd[name + ".weight"] = M[:, :-1 if has_bias else None].reshape(shape).to(sd[name + ".weight"].dtype)
-        if has_bias:
-            sd[name + ".bias"] = M[:, -1].to(sd[name + ".bias"].dtype)
-    if not all(torch.isfinite(v).all() for v in sd.values() if v.is_floating_point()):
+def accuracy(model: torch.nn.Module, params: Dict[str, Tensor], test) -> float:
+    """Test accuracy (%) of the released network with the solved ``params`` (non-finite weights: 'nan')."""
+    if not all(torch.isfinite(v).all() for v in params.values()):
         return float("nan")
-    model.load_state_dict(sd)
+    ref = model.state_dict()
+    model.load_state_dict({**ref, **{n: v.to(ref[n].dtype) for n, v in params.items()}})
     model.eval()
     x, y = test
     with torch.no_grad():
@@ -149,18 +142,18 @@ def main(argv=None) -> int:
         if dataset not in TEST_SETS:
             print(f"error: {path}: dataset {dataset!r} is not one of {sorted(TEST_SETS)}", file=sys.stderr)
             return 2
-        test = tests.setdefault(dataset, load_test(a.checkout, dataset))
-        s32 = solve_all(dump, torch.float32, a.gd_lr, a.gd_steps)
+        if dataset not in tests:
+            tests[dataset] = load_test(a.checkout, dataset)
+        test, model = tests[dataset], dump["model"]
+        s32 = solve_all(dump, torch.float32, a.gd_lr, a.gd_steps, solvers=("gd",))   # the released precision
         s64 = solve_all(dump, torch.float64, a.gd_lr, a.gd_steps)
-        cell = [f"{accuracy(dump['model'], dump, m, test):.2f} ({r:.2g})"
-                for m, r in (s64["ea"], s32["gd"], s64["gd"], s64["cg"])]
+        cell = [f"{accuracy(model, m, test):.2f} ({r:.2g})" for m, r in (s64["ea"], s32["gd"], s64["gd"], s64["cg"])]
         print(f"{path.name} | {100 * dump['released_gd']:.2f} / {100 * dump['released_ea']:.2f} | " + " | ".join(cell))
         if a.fedbench:
             factors, worst = fedbench_factors(dump, a.fedbench)
-            mine = solve_all({**dump, "factors": factors}, torch.float64, a.gd_lr, a.gd_steps)
+            mine = solve_all({**dump, "factors": factors}, torch.float64, a.gd_lr, a.gd_steps, solvers=("ea", "gd"))
             print(f"  fedbench's factors on these clients: largest relative difference {worst:.2g}; EA "
-                  f"{accuracy(dump['model'], dump, mine['ea'][0], test):.2f}, GD float64 "
-                  f"{accuracy(dump['model'], dump, mine['gd'][0], test):.2f}")
+                  f"{accuracy(model, mine['ea'][0], test):.2f}, GD float64 {accuracy(model, mine['gd'][0], test):.2f}")
     return 0
 
 
