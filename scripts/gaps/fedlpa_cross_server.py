@@ -90,8 +90,9 @@ def fedbench_factors(dump: dict, overrides: List[str]) -> Tuple[List[Dict[str, T
     n = sum(sizes)
     order = [sizes.index(round(p * n)) if sizes.count(round(p * n)) == 1 else None for p in dump["p"]]
     if None in order or sorted(order) != list(range(len(sizes))):
-        raise SystemExit(f"error: the dump's client sizes {[round(p * n) for p in dump['p']]} do not match fedbench's "
-                         f"split {sizes} one to one")
+        print(f"error: the dump's client sizes {[round(p * n) for p in dump['p']]} do not match fedbench's split "
+              f"{sizes} one to one", file=sys.stderr)
+        raise SystemExit(2)
     alg = cfg.algorithm
     lam, pi = float(alg.damping), alg.pi
     model, worst, out = run.fl.model, 0.0, []
