@@ -94,6 +94,18 @@ step_fedlap_table1_fmnist() {    # FMNIST 10 %, 10 clients, both splits (Tables 
     table experiment=fedlap/table3 profile=paper
     table experiment=fedlap/table5 profile=paper
 }
+step_fedlap_table1_fmnist100() {  # Table 1's FMNIST row with 100 clients (all of FMNIST, size-then-class Dirichlet, 50 rounds;
+                                  # about 2 CPU h a seed, FedLap-Func's 5000 server steps a round the largest part)
+    run experiment=fedlap/table1 profile=paper dataset=fmnist partition=size_class_dirichlet num_clients=100
+    table experiment=fedlap/table1 profile=paper
+    table experiment=fedlap/table2 profile=paper
+    table experiment=fedlap/table3 profile=paper
+    table experiment=fedlap/table5 profile=paper
+}
+step_fedlap_appE5() {             # App. E.5's in-text table: FedLap-Func with 2 memory points per class (FMNIST 10 %, 3 seeds)
+    run experiment=fedlap/appE5 profile=paper
+    table experiment=fedlap/appE5 profile=paper
+}
 step_fedlap_table1_fmnist_rawpixels() {   # gaps.md#fedlap-table1 and #fedlap-table3: raw pixels, then 1 local epoch
     run --name rawpixels experiment=fedlap/table1 profile=paper dataset=fmnist partition=homo,size_class_dirichlet \
         num_clients=10 "$NOFUNC" "$RAW"
@@ -209,6 +221,11 @@ step_fedlpa_figure1_mnist() {    # Figs. 1 and 4 (t-SNE of FedLPA's global and l
                                  # 30 CPU min); FedProx's four mu (a 200-epoch stage each) and DENSE left out
     run experiment=fedlpa/figure1 profile=paper 'aggregators=[fedlpa,fedavg,fednova,scaffold]'
     table experiment=fedlpa/figure1 profile=paper
+}
+step_fedlpa_figure2_mnist() {     # Fig. 2: 50 rounds x 10 local epochs, MNIST beta = 0.5, 9 series x 3 seeds (each series its
+                                 # own run and record, so the step resumes series by series)
+    run experiment=fedlpa/figure2 profile=paper
+    table experiment=fedlpa/figure2 profile=paper
 }
 step_fedbens_tables567_fmnist() {   # Tables 6 (5x smaller client data), 7 (customised M), 5 (FedFisher K-FAC over 5
                                     # rounds); alpha 0.05, 0.4 x 3 seeds; their FedFisher / FedBEns M = 5 runs are Table 1's
@@ -347,7 +364,8 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short)
+       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
+       fedlap_table1_fmnist100 fedlap_appE5 fedlpa_figure2_mnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
