@@ -1,4 +1,5 @@
 """Committed records, stale numerics in tables, `make tables` from a fresh clone, and the scoreboard."""
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -190,7 +191,7 @@ def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):
     data = ROOT / "results" / FIGURE.replace(".png", "_data.csv")
     assert cells.to_csv(index=False) == data.read_text()
     total = committed.split("| **all** |")[1].split("\n")[0].split("|")
-    run, full, within, outside = (int(total[k]) for k in (2, 3, 4, 5))
+    run, full, within, outside = (int(total[k]) for k in (3, 4, 5, 6))   # paper, on data here, need a GPU, run, ...
     assert (len(cells), int(cells["all_seeds"].sum()), int(cells["within"].sum())) == (run, full, within)
     assert len(cells) - int(cells["within"].sum()) == outside
 
@@ -226,14 +227,39 @@ def test_every_committed_table_is_regenerated_from_committed_records(tmp_path, m
 
 def test_scoreboard_columns_nest():
     """In every scoreboard row, cells with all seeds and cells within tolerance are among the cells run (cost
-    columns, never scored, count nowhere), and run cells are among the runnable ones."""
+    columns, never scored, count nowhere), run cells and cells that need a GPU are among the cells on data here, and
+    the line under the table counts the CPU-runnable cells as on data here less those that need a GPU."""
     lines = (ROOT / "results" / "REPRODUCTION.md").read_text().split("## 2. Scoreboard")[1].split("\n## ")[0]
     rows = [ln.split("|")[1:-1] for ln in lines.splitlines() if ln.startswith("| ") and "table |" not in ln]
     assert rows, "no scoreboard rows"
     for cells in rows:
-        name, _, here, run, full, within, outside = (c.strip().strip("*") for c in cells[:7])
-        here, run, full, within, outside = map(int, (here, run, full, within, outside))
-        assert full <= run <= here and within + outside == run, name
+        name, _, here, gpu, run, full, within, outside = (c.strip().strip("*") for c in cells[:8])
+        here, gpu, run, full, within, outside = map(int, (here, gpu, run, full, within, outside))
+        assert full <= run <= here and within + outside == run and gpu <= here, name
+    # here, gpu, run now hold the last row's: **all**
+    cpu, cpu_run = map(int, re.search(r"Runnable on this CPU[^*]*\*\*(\d+)\*\* cells, \*\*(\d+)\*\*", lines).groups())
+    assert cpu == here - gpu and cpu_run <= min(cpu, run)
+
+
+def test_cells_that_need_a_gpu_are_dense_and_long_local_training():
+    """DENSE at any setting and 50+ local epochs need a GPU; 20 local epochs, a missing epoch count (FedLap's tables)
+    or another method do not; FedProx's extra μ in a 50-epoch row count there, not among the CPU cells."""
+    from fedbench.report.scoreboard import needs_gpu, paper_cells, setting_variants
+
+    assert needs_gpu({"method": "dense", "local_epochs": 10})
+    assert needs_gpu({"method": "fedprox(mu=0.1)", "local_epochs": 50})
+    assert not needs_gpu({"method": "fedprox(mu=0.1)", "local_epochs": 20})
+    assert not needs_gpu({"method": "fedlap_cov"})
+    # MNIST, FMNIST here, 6 methods: every cell at 50, 100, 200 epochs (36) and DENSE at 10, 20 (4)
+    assert paper_cells("fedlpa", "table10") == (120, 60, 40)
+    assert paper_cells("fedlpa", "table5")[2] == 18            # DENSE only (10 local epochs), 9 rows x 2 data sets
+    assert paper_cells("fedfisher", "table1") == (10, 0, 0)    # client times: printed, never scored, so never run
+    summary = pd.DataFrame([
+        {"dataset": "mnist", "partition": "b", "local_epochs": e, "method": m, "n": 0, "mean": None, "paper": 12.0}
+        for e in (20, 50) for m in ("fedprox(mu=0.01)", "fedprox(mu=0.1)", "fedprox(mu=1.0)")])
+    colls = {"t": {"summary": summary, "meta": {"rows": ["dataset", "partition", "local_epochs"]}}}
+    assert setting_variants(["t"], colls) == 4
+    assert setting_variants(["t"], colls, gpu=True) == 2 and setting_variants(["t"], colls, gpu=False) == 2
 
 
 def _verdict_colls():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -30,6 +30,12 @@ FIGURE = "figures/scoreboard.png"   # ours against the paper's number, cell by c
 GAPS = "gaps.md"
 # Data the project has offline (../shared/datasets) or generates (FedFisher's synthetic regression).
 OFFLINE_DATASETS = ("mnist", "fmnist", "uci_credit", "flamby_heart", "fedfisher_synthetic")
+# Cells on data here that need a GPU in practice (results/campaign.yaml's intro has the measurements): DENSE's 200
+# synthesis epochs (≈ 4.7 CPU h a run) and 50-200 local epochs of an image model (a 200-epoch stage of 60,000
+# samples ≈ 30 CPU min, ≈ 4.5 min on one H200). They count in "on data here" and in "needs GPU"; the rest is
+# "runnable on CPU", the set the campaign runs here.
+GPU_ONLY_METHODS = ("dense",)
+GPU_MIN_LOCAL_EPOCHS = 50
 
 
 # What the experiment behind a cell outside tolerance found (campaign.yaml `verdicts:`, gaps.md has the experiment).
@@ -124,20 +130,32 @@ def has_reference(paper: str, table: str) -> bool:
     return (paper, table) in set(available_tables())
 
 
+def needs_gpu(row: Dict[str, Any]) -> bool:
+    """Whether a cell (a reference or summary row) needs a GPU in practice: DENSE, or 50+ local epochs."""
+    if base_method(row.get("method")) in GPU_ONLY_METHODS:
+        return True
+    epochs = pd.to_numeric(pd.Series([row.get("local_epochs")]), errors="coerce").iloc[0]
+    return bool(pd.notna(epochs) and epochs >= GPU_MIN_LOCAL_EPOCHS)
+
+
 def paper_cells(paper: str, table: str) -> tuple:
-    """(cells with a number in the paper, of which on data available here)."""
+    """(cells with a number in the paper, of which on data available here, of those the cells that need a GPU)."""
     ref = load_reference(paper, table)
     ref = ref[pd.to_numeric(ref["mean"], errors="coerce").notna()]
     if "metric" in ref:   # figures-as-tables with text cells (FOLA Table I) have no numeric metric
         ref = ref[ref["metric"] != "augmentation"]
     here = ref[ref["dataset"].isin(OFFLINE_DATASETS)] if "dataset" in ref else ref.iloc[0:0]
-    return len(ref), len(here)
+    # costs, and FedFisher Table 1's overhead over FedAvg (a ratio of two), are never scored, so never "run"
+    if "metric" in here:
+        here = here[~here["metric"].map(lambda m: is_cost(m) or m == "overhead_pct")]
+    return len(ref), len(here), sum(needs_gpu(r) for r in here.to_dict("records"))
 
 
-def setting_variants(names: List[str], colls: dict) -> int:
+def setting_variants(names: List[str], colls: dict, gpu: Optional[bool] = None) -> int:
     """Extra runnable cells where fedbench runs several settings apart against one paper number (FedProx's four μ
     against the paper's one FedProx column; fedbench's labels ``method(key=value)``): each setting beyond the first is
-    one more cell here, run and scored on its own, so 'runnable here' counts it too."""
+    one more cell here, run and scored on its own, so 'runnable here' counts it too. ``gpu``: True counts only the
+    cells that need a GPU (needs_gpu), False only the others, None all."""
     seen: Dict[tuple, set] = {}
     for n in names:
         s = colls[n]["summary"]
@@ -148,6 +166,8 @@ def setting_variants(names: List[str], colls: dict) -> int:
             if r.get("dataset") is not None and r.get("dataset") not in OFFLINE_DATASETS:
                 continue
             if "metric" in r and is_cost(r["metric"]):
+                continue
+            if gpu is not None and needs_gpu(r) != gpu:
                 continue
             # a multi-column table (App. D.2: rounds, gap, MAP NLL) has one paper cell per column of a row
             cell = tuple(norm_key(r.get(k)) for k in keys) + ((norm_key(r.get("column")),) if "column" in r else ())
@@ -307,18 +327,19 @@ _HEADER = ["# Reproduction scoreboard", "",
 
 def _cost_plan(plan: dict) -> List[str]:
     lines = ["## 1. Cost plan", "", plan.get("intro", "").strip(), "",
-             "| table | paper cells | on data here | status here | CPU hours (paper profile, this machine) | order | notes |",
-             "|---|---|---|---|---|---|---|"]
+             "| table | paper cells | on data here | of which need a GPU | status here | "
+             "CPU hours (paper profile, this machine) | order | notes |",
+             "|---|---|---|---|---|---|---|---|"]
     planned = {(t["paper"], t["table"]): t for t in plan.get("tables") or []}
     for paper, table in available_tables():
-        n_all, n_here = paper_cells(paper, table)
+        n_all, n_here, n_gpu = paper_cells(paper, table)
         t = planned.get((paper, table), {})
-        lines.append(f"| {paper} {table} | {n_all} | {n_here} | {t.get('status', 'not planned')} | "
+        lines.append(f"| {paper} {table} | {n_all} | {n_here} | {n_gpu} | {t.get('status', 'not planned')} | "
                      f"{t.get('cpu_hours', '?')} | {t.get('order', '')} | {t.get('notes', '')} |")
     listed = set(available_tables())
     for (paper, table), t in planned.items():
         if (paper, table) not in listed:
-            lines.append(f"| {paper} {table} | — | — | {t.get('status', '')} | {t.get('cpu_hours', '?')} | "
+            lines.append(f"| {paper} {table} | — | — | — | {t.get('status', '')} | {t.get('cpu_hours', '?')} | "
                          f"{t.get('order', '')} | {t.get('notes', '')} |")
     return lines
 
@@ -326,40 +347,68 @@ def _cost_plan(plan: dict) -> List[str]:
 def _scoreboard_table(by_table: Dict[tuple, List[str]], figures: Dict[tuple, List[str]], colls: dict,
                       cells: pd.DataFrame) -> List[str]:
     lines = ["", "## 2. Scoreboard", "",
-             "Per paper table with committed paper-profile records: cells the paper prints, cells runnable here "
+             "Per paper table with committed paper-profile records: cells the paper prints, cells on data here "
              "(offline data; a paper cell that fedbench runs as several settings, FedProx's four μ, counts once per "
-             "setting), cells we ran, of which with all of the paper's seeds, within tolerance, outside, and "
+             "setting), of those the cells that need a GPU in practice (DENSE, 50-200 local epochs: §1), cells we "
+             "ran, of which with all of the paper's seeds, within tolerance, outside, and "
              "of those the cells an experiment explains (§4: the paper vs its released code, the released solver, "
              "one paper number for several settings, or a reading of an unstated setting that is within tolerance); "
              "and whether the paper's winner of each row also wins here.", "",
-             "| table | paper cells | runnable here | run | all seeds | within | outside | outside, explained | "
-             "row winner holds |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    tot = {"paper": 0, "here": 0, "run": 0, "full": 0, "within": 0, "outside": 0, "explained": 0}
+             "| table | paper cells | on data here | need a GPU | run | all seeds | within | outside | "
+             "outside, explained | row winner holds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = ("paper", "here", "gpu", "run", "run_gpu", "full", "within", "outside", "explained")
+    tot = dict.fromkeys(keys, 0)
     for (paper, table), names in sorted(by_table.items()):
-        n_all, n_here = paper_cells(paper, table)
-        n_here += setting_variants(names, colls)
-        run = sum(colls[n]["score"]["run"] for n in names)
-        within = sum(colls[n]["score"]["within"] for n in names)
-        full = sum(colls[n]["full_seeds"] for n in names)
-        rows = sum(colls[n]["score"]["rows"] for n in names)
-        held = sum(colls[n]["score"]["order_held"] for n in names)
-        links = ", ".join(f"[{n}](tables/{n}.md)" for n in names)
-        mine = cells[(cells["paper"] == paper) & (cells["table"] == table)] if len(cells) else cells
-        explained = int(mine["explained"].sum()) if len(mine) else 0
-        lines.append(f"| {paper} {table} ({links}) | {n_all} | {n_here} | {run} | {full} | {within} | "
-                     f"{run - within} | {explained} | {held}/{rows} |")
-        for k, v in (("paper", n_all), ("here", n_here), ("run", run), ("full", full), ("within", within),
-                     ("outside", run - within), ("explained", explained)):
-            tot[k] += v
-    lines.append(f"| **all** | {tot['paper']} | {tot['here']} | {tot['run']} | {tot['full']} | {tot['within']} | "
-                 f"{tot['outside']} | {tot['explained']} | |")
+        n = _table_counts(paper, table, names, colls, cells)
+        links = ", ".join(f"[{c}](tables/{c}.md)" for c in names)
+        lines.append(f"| {paper} {table} ({links}) | {n['paper']} | {n['here']} | {n['gpu']} | {n['run']} | "
+                     f"{n['full']} | {n['within']} | {n['outside']} | {n['explained']} | {n['held']}/{n['rows']} |")
+        for k in keys:
+            tot[k] += n[k]
+    lines.append(f"| **all** | {tot['paper']} | {tot['here']} | {tot['gpu']} | {tot['run']} | {tot['full']} | "
+                 f"{tot['within']} | {tot['outside']} | {tot['explained']} | |")
+    cpu, cpu_run = tot["here"] - tot["gpu"], tot["run"] - tot["run_gpu"]
+    unrecorded = [(p, t, here - gpu) for p, t in available_tables() if (p, t) not in by_table
+                  for _, here, gpu in [paper_cells(p, t)] if here > gpu]
+    lines += ["", f"Runnable on this CPU (on data here, less the cells that need a GPU): **{cpu}** cells, **{cpu_run}** "
+                  f"of them run ({cpu - cpu_run} to run; §1 names the step of each table)"
+                  + (f"; {tot['run_gpu']} cells that need a GPU were run as well" if tot["run_gpu"] else "")
+                  + ("; tables without committed records yet: " + ", ".join(f"{p} {t} ({n} CPU-runnable cells)"
+                                                                         for p, t, n in unrecorded)
+                     if unrecorded else "") + "."]
     if figures:
         lines += ["", "Figures without printed numbers (their shape is checked in the claims below): " + "; ".join(
             f"{paper} {table} ({', '.join(f'[{n}](tables/{n}.md)' for n in names)}: "
             f"{sum(int((colls[n]['summary']['n'] > 0).sum()) for n in names)} points run)"
             for (paper, table), names in sorted(figures.items())) + "."]
     return lines
+
+
+def _table_counts(paper: str, table: str, names: List[str], colls: dict, cells: pd.DataFrame) -> Dict[str, int]:
+    """One scoreboard row's counts over the table's collections."""
+    n_all, n_here, n_gpu = paper_cells(paper, table)
+    run = sum(colls[n]["score"]["run"] for n in names)
+    within = sum(colls[n]["score"]["within"] for n in names)
+    mine = cells[(cells["paper"] == paper) & (cells["table"] == table)] if len(cells) else cells
+    return {"paper": n_all, "here": n_here + setting_variants(names, colls),
+            "gpu": n_gpu + setting_variants(names, colls, gpu=True), "run": run,
+            "run_gpu": sum(_gpu_cells_run(colls[n]) for n in names),
+            "full": sum(colls[n]["full_seeds"] for n in names), "within": within, "outside": run - within,
+            "explained": int(mine["explained"].sum()) if len(mine) else 0,
+            "rows": sum(colls[n]["score"]["rows"] for n in names),
+            "held": sum(colls[n]["score"]["order_held"] for n in names)}
+
+
+def _gpu_cells_run(coll: Dict[str, Any]) -> int:
+    """Cells of a collection that were run (n > 0, a paper number, not a cost) and need a GPU (needs_gpu)."""
+    s = coll["summary"]
+    if not len(s) or "paper" not in s:
+        return 0
+    ran = s[(s["n"] > 0) & s["paper"].notna()]
+    if "metric" in ran:
+        ran = ran[~ran["metric"].map(is_cost)]
+    return sum(needs_gpu(r) for r in ran.to_dict("records"))
 
 
 def _claims(plan: dict, colls: dict) -> List[str]:
