@@ -244,12 +244,15 @@ def test_scoreboard_columns_nest():
 def test_cells_that_need_a_gpu_are_dense_and_long_local_training():
     """DENSE at any setting and 50+ local epochs need a GPU; 20 local epochs, a missing epoch count (FedLap's tables)
     or another method do not; FedProx's extra μ in a 50-epoch row count there, not among the CPU cells."""
-    from fedbench.report.scoreboard import needs_gpu, paper_cells, setting_variants
+    from fedbench.report.scoreboard import needs_gpu, paper_cells, setting_variants, table_local_epochs
 
     assert needs_gpu({"method": "dense", "local_epochs": 10})
     assert needs_gpu({"method": "fedprox(mu=0.1)", "local_epochs": 50})
     assert not needs_gpu({"method": "fedprox(mu=0.1)", "local_epochs": 20})
     assert not needs_gpu({"method": "fedlap_cov"})
+    # Table 9's rows do not name the epochs: its one count (200) decides, a row's own count wins
+    assert table_local_epochs("fedlpa", "table9") == 200 and table_local_epochs("fedlpa", "table10") is None
+    assert needs_gpu({"method": "fedavg"}, 200) and not needs_gpu({"method": "fedavg", "local_epochs": 10}, 200)
     # MNIST, FMNIST here, 6 methods: every cell at 50, 100, 200 epochs (36) and DENSE at 10, 20 (4)
     assert paper_cells("fedlpa", "table10") == (120, 60, 40)
     assert paper_cells("fedlpa", "table5")[2] == 18            # DENSE only (10 local epochs), 9 rows x 2 data sets

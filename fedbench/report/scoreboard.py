@@ -130,12 +130,21 @@ def has_reference(paper: str, table: str) -> bool:
     return (paper, table) in set(available_tables())
 
 
-def needs_gpu(row: Dict[str, Any]) -> bool:
-    """Whether a cell (a reference or summary row) needs a GPU in practice: DENSE, or 50+ local epochs."""
+def needs_gpu(row: Dict[str, Any], table_epochs: Any = None) -> bool:
+    """Whether a cell (a reference or summary row) needs a GPU in practice: DENSE, or 50+ local epochs (the row's,
+    else ``table_epochs``: a table whose rows do not name the epochs, as FedLPA Table 9's, has one count)."""
     if base_method(row.get("method")) in GPU_ONLY_METHODS:
         return True
-    epochs = pd.to_numeric(pd.Series([row.get("local_epochs")]), errors="coerce").iloc[0]
+    epochs = row.get("local_epochs", table_epochs)
+    epochs = pd.to_numeric(pd.Series([epochs]), errors="coerce").iloc[0]
     return bool(pd.notna(epochs) and epochs >= GPU_MIN_LOCAL_EPOCHS)
+
+
+def table_local_epochs(paper: str, table: str) -> Any:
+    """The one local-epoch count of a paper table's reference cells, or None (none given, or several)."""
+    ref = load_reference(paper, table)
+    counts = ref["local_epochs"].dropna().unique() if "local_epochs" in ref else []
+    return counts[0] if len(counts) == 1 else None
 
 
 def paper_cells(paper: str, table: str) -> tuple:
@@ -167,7 +176,7 @@ def setting_variants(names: List[str], colls: dict, gpu: Optional[bool] = None) 
                 continue
             if "metric" in r and is_cost(r["metric"]):
                 continue
-            if gpu is not None and needs_gpu(r) != gpu:
+            if gpu is not None and needs_gpu(r, _coll_epochs(colls[n])) != gpu:
                 continue
             # a multi-column table (App. D.2: rounds, gap, MAP NLL) has one paper cell per column of a row
             cell = tuple(norm_key(r.get(k)) for k in keys) + ((norm_key(r.get("column")),) if "column" in r else ())
@@ -408,7 +417,15 @@ def _gpu_cells_run(coll: Dict[str, Any]) -> int:
     ran = s[(s["n"] > 0) & s["paper"].notna()]
     if "metric" in ran:
         ran = ran[~ran["metric"].map(is_cost)]
-    return sum(needs_gpu(r) for r in ran.to_dict("records"))
+    return sum(needs_gpu(r, _coll_epochs(coll)) for r in ran.to_dict("records"))
+
+
+def _coll_epochs(coll: Dict[str, Any]) -> Any:
+    """The local-epoch count of a collection's paper table when its reference has one (else None)."""
+    meta = coll.get("meta") or {}
+    if not meta.get("paper") or not has_reference(meta["paper"], meta.get("id")):
+        return None
+    return table_local_epochs(meta["paper"], meta["id"])
 
 
 def _claims(plan: dict, colls: dict) -> List[str]:
