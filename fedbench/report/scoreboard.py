@@ -135,8 +135,7 @@ def needs_gpu(row: Dict[str, Any], table_epochs: Any = None) -> bool:
     else ``table_epochs``: a table whose rows do not name the epochs, as FedLPA Table 9's, has one count)."""
     if base_method(row.get("method")) in GPU_ONLY_METHODS:
         return True
-    epochs = row.get("local_epochs", table_epochs)
-    epochs = pd.to_numeric(pd.Series([epochs]), errors="coerce").iloc[0]
+    epochs = pd.to_numeric(row.get("local_epochs", table_epochs), errors="coerce")
     return bool(pd.notna(epochs) and epochs >= GPU_MIN_LOCAL_EPOCHS)
 
 
@@ -168,6 +167,7 @@ def setting_variants(names: List[str], colls: dict, gpu: Optional[bool] = None) 
     seen: Dict[tuple, set] = {}
     for n in names:
         s = colls[n]["summary"]
+        epochs = _coll_epochs(colls[n]) if gpu is not None else None   # once a collection: it reads a CSV
         if not len(s) or "paper" not in s:
             continue
         keys = [k for k in (colls[n]["meta"].get("rows") or []) if k in s]
@@ -176,7 +176,7 @@ def setting_variants(names: List[str], colls: dict, gpu: Optional[bool] = None) 
                 continue
             if "metric" in r and is_cost(r["metric"]):
                 continue
-            if gpu is not None and needs_gpu(r, _coll_epochs(colls[n])) != gpu:
+            if gpu is not None and needs_gpu(r, epochs) != gpu:
                 continue
             # a multi-column table (App. D.2: rounds, gap, MAP NLL) has one paper cell per column of a row
             cell = tuple(norm_key(r.get(k)) for k in keys) + ((norm_key(r.get("column")),) if "column" in r else ())
@@ -417,7 +417,8 @@ def _gpu_cells_run(coll: Dict[str, Any]) -> int:
     ran = s[(s["n"] > 0) & s["paper"].notna()]
     if "metric" in ran:
         ran = ran[~ran["metric"].map(is_cost)]
-    return sum(needs_gpu(r, _coll_epochs(coll)) for r in ran.to_dict("records"))
+    epochs = _coll_epochs(coll)
+    return sum(needs_gpu(r, epochs) for r in ran.to_dict("records"))
 
 
 def _coll_epochs(coll: Dict[str, Any]) -> Any:
