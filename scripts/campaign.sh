@@ -49,6 +49,7 @@ declare -A COLLECTED
 FEDFISHER='aggregators=[fedavg,fedfisher_diag,fedfisher_kfac,fisher_merge,regmean,{name:otfusion,align_last_layer:true},pfnm]'
 FEDLPA='aggregators=[fedlpa,fedavg,fednova,scaffold,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
 FEDLPA_CG='aggregators=[fedlpa,{name:fedlpa,solver:cg},fedavg,fednova,scaffold,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
+FEDLPA_CG_ONESTAGE='aggregators=[fedlpa,{name:fedlpa,solver:cg},fedavg,fednova,scaffold]'   # no FedProx: one client stage
 FEDBENS='aggregators=[fedbens,fedbens_diag_full,fedfisher_kfac,regmean,{name:otfusion,align_last_layer:true},fisher_merge]'
 NOFUNC='aggregators=[fedavg,{name:fedprox,mu:${hp.prox},scale:sum},{name:feddyn,alpha:${hp.dyn_alpha},weight_decay:${hp.dyn_wd}},{name:fedlap,delta:${hp.delta},rho:${hp.rho}},{name:fedlap_cov,delta:${hp.delta}}]'
 WITHFUNC="${NOFUNC%]},{name:fedlap_func,delta:\${hp.delta},rho:\${hp.rho},tau:\${hp.tau},server_iters:\${hp.server_iters},server_lr:\${hp.server_lr}}]"
@@ -355,6 +356,18 @@ step_fedlpa_table10_short() {    # Table 10 (beta = 0.001), its 10- and 20-epoch
     table experiment=fedlpa/table10 profile=paper
 }
 
+step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on MNIST and FMNIST, 3 seeds, every method that
+                                 # trains the one shared stage (FedProx's four mu would each train their own: 5x the cost;
+                                 # DENSE needs a GPU). Session 28 ran 15 of the 18 runs on an H100 (CAMPAIGN_HW=
+                                 # "hardware=cuda": 50-140 s a run, three at once); a 200-epoch run here is ~30 CPU min
+    for e in 50 100 200; do
+        for d in mnist fmnist; do
+            run experiment=fedlpa/table10 profile=paper dataset=$d local.epochs=$e "$FEDLPA_CG_ONESTAGE"
+        done
+    done
+    table experiment=fedlpa/table10 profile=paper
+}
+
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -365,7 +378,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlap_appE5 fedlpa_figure2_mnist)
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_figure2_mnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2

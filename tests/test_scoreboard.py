@@ -104,6 +104,10 @@ def test_claims_hold_only_when_every_row_agrees():
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}},
                          {"t": {"summary": full, "meta": meta3}}) == \
         ("reproduced", "1/1 rows; provisional: fewer than 3 seeds in 1 of 1 rows")
+    # a lead that does not show at the tables' two decimals is a tie, not a win (10.00 against 10.00, 9.99, 10.00)
+    tie = s.assign(mean=[10.0, 29.99 / 3, 50.0, 55.0])
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}},
+                         {"t": {"summary": tie, "meta": meta3}}) == ("not reproduced", "0/1 rows (fails: d/a)")
     # a loss (the collection's metric is nll): the winner must have the lower mean
     colls["t"]["metric"] = "nll"
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \

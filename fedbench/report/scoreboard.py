@@ -221,7 +221,8 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     rows, held, failed, short = 0, 0, [], 0
     want = paper_seeds(c["meta"]) or 0
     where = claim.get("where") or {}
-    sign = -1.0 if c.get("metric", "accuracy") in LOWER_IS_BETTER else 1.0   # a loss: the lower mean beats
+    metric = c.get("metric", "accuracy")
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0   # a loss: the lower mean beats
     for rv, g in s.groupby(keys, sort=False, dropna=False):
         rv = rv if isinstance(rv, tuple) else (rv,)
         row = dict(zip(keys, rv))
@@ -235,7 +236,9 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
         short += int(min(int(w["n"].iloc[0]), int(lo["n"].iloc[0])) < want)
         # significant: a claim that one setting is clearly worse ("drops significantly") needs a gap beyond noise
         margin = _noise(_point(w), _point(lo)) if claim.get("significant") else 0.0
-        if sign * (float(w["mean"].iloc[0]) - float(lo["mean"].iloc[0])) > margin:
+        lead = sign * (float(w["mean"].iloc[0]) - float(lo["mean"].iloc[0]))
+        # accuracy is in percent with two decimals in the tables: a lead must show there (10.00 against 9.997 ties)
+        if lead > margin and (metric != "accuracy" or round(lead, 2) > 0):
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in rv))
