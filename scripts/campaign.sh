@@ -354,6 +354,7 @@ step_fedlpa_table10_short() {    # Table 10 (beta = 0.001), its 10- and 20-epoch
         done
     done
     table experiment=fedlpa/table10 profile=paper
+    table --name cg experiment=fedlpa/table10 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'   # gaps.md#fedlpa-table10
 }
 
 step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on MNIST and FMNIST, 3 seeds, every method that
@@ -366,6 +367,7 @@ step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on 
         done
     done
     table experiment=fedlpa/table10 profile=paper
+    table --name cg experiment=fedlpa/table10 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
 }
 
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first

@@ -367,3 +367,14 @@ def test_a_metric_no_record_has_is_one_line_and_writes_nothing(tmp_path):
         collect(preset, out, tmp_path / "results" / "tables", "nlll")
     assert not (tmp_path / "results").exists()
     assert collect(preset, out, tmp_path / "results" / "tables", "nll", publish=False).is_file()
+
+
+def test_a_tie_for_first_in_our_printed_means_wins_for_no_method():
+    from fedbench.report.tables import score
+    # Table 10 on Fashion-MNIST: FedLPA's diverged GD and the baselines all print 10.00; the paper has FedLPA first
+    s = pd.DataFrame([{"dataset": "d", "partition": "p", "method": m, "mean": o, "std": 0.0, "n": 3, "paper": p}
+                      for m, o, p in [("fedlpa", 10.0, 13.77), ("fedavg", 29.99 / 3, 10.57), ("scaffold", 10.0, 10.17)]])
+    failed = score(s, {}, "accuracy")["order_failed"]
+    assert [(f["paper_winner"], f["our_winner"]) for f in failed] == [("fedlpa", "fedlpa/fedavg/scaffold")]
+    s.loc[0, "mean"] = 10.01                                # one test sample in 10,000 more: a win that shows
+    assert score(s, {}, "accuracy")["order_held"] == 1
