@@ -108,6 +108,12 @@ def test_claims_hold_only_when_every_row_agrees():
     tie = s.assign(mean=[10.0, 29.99 / 3, 50.0, 55.0])
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}},
                          {"t": {"summary": tie, "meta": meta3}}) == ("not reproduced", "0/1 rows (fails: d/a)")
+    # the means are read as printed, as a row's winner is: 10.004 against 9.996 prints 10.00 against 10.00, a tie,
+    # though the lead itself rounds to 0.01
+    tie = s.assign(mean=[10.004, 9.996, 50.0, 55.0])
+    assert _claim_status({"collection": "t", "winner": "w", "loser": "l", "where": {"partition": "a"}},
+                         {"t": {"summary": tie, "meta": meta3}}) == ("not reproduced", "0/1 rows (fails: d/a)")
+    assert score(tie.assign(paper=[12.0, 11.0, 50.0, 55.0]), meta3, "accuracy")["order_failed"][0]["our_winner"] == "w/l"
     # a loss (the collection's metric is nll): the winner must have the lower mean
     colls["t"]["metric"] = "nll"
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \

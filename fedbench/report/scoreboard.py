@@ -21,7 +21,7 @@ from fedbench.errors import FedbenchError
 from fedbench.report.costs import is_cost
 from fedbench.report.plotting import pyplot, save_figure
 from fedbench.results.reference import available_tables, load_reference
-from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, attach_reference, norm_key,
+from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, as_printed, attach_reference, norm_key,
                                      paper_seeds, read_collections, score, summarise, table_runs, tolerance_floor,
                                      within_tolerance)
 
@@ -236,9 +236,9 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
         short += int(min(int(w["n"].iloc[0]), int(lo["n"].iloc[0])) < want)
         # significant: a claim that one setting is clearly worse ("drops significantly") needs a gap beyond noise
         margin = _noise(_point(w), _point(lo)) if claim.get("significant") else 0.0
-        lead = sign * (float(w["mean"].iloc[0]) - float(lo["mean"].iloc[0]))
-        # accuracy is in percent with two decimals in the tables: a lead must show there (10.00 against 9.997 ties)
-        if lead > margin and (metric != "accuracy" or round(lead, 2) > 0):
+        wm, lm = float(w["mean"].iloc[0]), float(lo["mean"].iloc[0])
+        # the lead must show in the printed means, as a row's winner does (10.00 against 9.997 ties)
+        if sign * (wm - lm) > margin and sign * (as_printed(wm, metric) - as_printed(lm, metric)) > 0:
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in rv))

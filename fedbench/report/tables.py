@@ -489,6 +489,15 @@ TOLERANCE_FLOOR = {"nll": 0.05, "map_test_nll": 0.05}   # nats: 3 "points" would
 LOWER_IS_BETTER = ("nll", "map_test_nll", "ece", "rounds_to_acc", "rounds_to_1pct")   # a row's winner: the lowest mean
 
 
+def as_printed(values, metric: Optional[str]):
+    """Means as the tables print them, for every comparison of who leads (a row's winner, a claim): accuracy in percent
+    to two decimals, so 10.004 and 9.996 tie; other metrics (NLL has no fixed printed precision) exactly. Takes a float
+    or a pandas Series."""
+    if metric != "accuracy":
+        return values
+    return values.round(2) if isinstance(values, pd.Series) else round(float(values), 2)
+
+
 def tolerance_floor(metric: Optional[str]) -> float:
     return TOLERANCE_FLOOR.get(str(metric), TOLERANCE_POINTS)
 
@@ -605,7 +614,7 @@ def score(summary: pd.DataFrame, meta: Dict[str, Any], metric: str = "accuracy")
             top = both["paper"].min() if low else both["paper"].max()
             theirs = list(both.loc[both["paper"] == top, "method"])   # the paper's printed ties all win
             # ours as the tables print them (accuracy: two decimals): a tie for first is no win for either method
-            means = both["mean"].round(2) if metric == "accuracy" else both["mean"]
+            means = as_printed(both["mean"], metric)
             ours = list(both.loc[means == (means.min() if low else means.max()), "method"])
             if set(ours) <= set(theirs):
                 out["order_held"] += 1
