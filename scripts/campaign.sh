@@ -223,6 +223,12 @@ step_fedlpa_figure1_mnist() {    # Figs. 1 and 4 (t-SNE of FedLPA's global and l
     run experiment=fedlpa/figure1 profile=paper 'aggregators=[fedlpa,fedavg,fednova,scaffold]'
     table experiment=fedlpa/figure1 profile=paper
 }
+step_fedlpa_table11_short() {     # Table 11's 10- and 20-epoch columns (FedLPA vs FedOV, MNIST #C=2, 10 clients, 3 seeds; FedOV
+                                 # trains its own C+1-class client stage with outliers and adversarial steps, then distils);
+                                 # the 50-200-epoch columns need a GPU (a 200-epoch FedOV stage: 3-6 CPU h)
+    run experiment=fedlpa/table11 profile=paper 'local.epochs=choice(10,20)'
+    table experiment=fedlpa/table11 profile=paper
+}
 step_fedlpa_figure2_mnist() {     # Fig. 2: 50 rounds x 10 local epochs, MNIST beta = 0.5, 9 series x 3 seeds (each series its
                                  # own run and record, so the step resumes series by series)
     run experiment=fedlpa/figure2 profile=paper
@@ -380,7 +386,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_figure2_mnist)
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
