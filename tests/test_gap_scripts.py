@@ -167,6 +167,10 @@ def test_fedlpa_cross_server_solvers_on_a_known_system():
     assert sol["cg"][1] < 1e-7 and sol["ea"][1] > 1e-3
     only_gd = cross.solve_all(dump, torch.float32, gd_lr=0.01, gd_steps=10, solvers=("gd",))
     assert set(only_gd) == {"gd"} and set(only_gd["gd"][0]) == {"conv.weight", "conv.bias", "fc.weight"}
+    # a step far above the stability limit: GD overflows to non-finite weights (residual NaN) and the worst residual
+    # is inf (a plain max() over the layers passes over a NaN that follows a finite residual)
+    wild = cross.solve_all(dump, torch.float64, gd_lr=1e6, gd_steps=400, solvers=("gd",))["gd"]
+    assert not all(torch.isfinite(v).all() for v in wild[0].values()) and wild[1] == float("inf")
 
 
 def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):
