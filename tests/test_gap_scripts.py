@@ -101,6 +101,14 @@ def test_fedlpa_dump_needs_fedlpa(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+def test_fedlpa_bad_parties(tmp_path):
+    (tmp_path / "experiments.py").write_text("raise SystemExit('must not run')\n")
+    for bad in ("0", "five", "-5"):
+        out = _run(LPA, str(tmp_path), "0", "noniid-#label2", env_extra={"PARTIES": bad})
+        assert out.returncode == 2 and "PARTIES must be" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()
+
+
 CROSS = ROOT / "scripts" / "gaps" / "fedlpa_cross_server.py"
 
 

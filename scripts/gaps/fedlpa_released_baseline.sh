@@ -9,7 +9,8 @@
 #   bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 1 'noniid-#label2'
 #   DATASET=mnist bash scripts/gaps/fedlpa_released_baseline.sh /work/released_lpa 1 'noniid-labeldir --beta=0.05' our 20
 #
-# The flags are those of the released scripts/experiments.sh (lr 0.01, momentum 0.9, batch 64, 10 parties, 1 round),
+# The flags are those of the released scripts/experiments.sh (lr 0.01, momentum 0.9, batch 64, 10 parties, 1 round;
+# PARTIES=5 for FedLPA's Table 9),
 # on the CPU with one thread; alg 'our' runs experiments_our.py (FedLPA, --coor=0.999 as the scripts), whose logged
 # accuracy is max(GD, EA) on the test set. DATASET=fmnist (default) or mnist comes from the offline copy (for MNIST the
 # wrapper repairs the released loader's dispatch, which sends mnist to its synthetic-data class; see below)
@@ -28,6 +29,8 @@ set -euo pipefail
 [ -d "$1" ] || { echo "error: no such folder: $1" >&2; exit 2; }
 REL=$(cd "$1" && pwd); SEED=$2; PART=$3; ALG=${4:-fedavg}; EPOCHS=${5:-20}; TRAIN_SEED=${6:-}
 [[ "$SEED$TRAIN_SEED" =~ ^[0-9]+$ && "$EPOCHS" =~ ^[0-9]+$ ]] || { echo "error: seeds and epochs must be whole numbers (got '$SEED' '$TRAIN_SEED' '$EPOCHS')" >&2; exit 2; }
+PARTIES=${PARTIES:-10}
+[[ "$PARTIES" =~ ^[1-9][0-9]*$ ]] || { echo "error: PARTIES must be a positive whole number (got '$PARTIES')" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 DATASET=${DATASET:-fmnist}
@@ -93,7 +96,7 @@ if os.environ['DUMP']:
     utils.compute_accuracy = compute_and_dump
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name='__main__')" $SCRIPT --model=simple-cnn --dataset=$DATASET \
-    --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties=10 --rho=0.9 --comm_round=1 \
+    --alg="$ALG" --lr=0.01 --batch-size=64 --epochs="$EPOCHS" --n_parties="$PARTIES" --rho=0.9 --comm_round=1 \
     --partition=$PART --device=cpu --datadir=./data/ --logdir=./logs/ --noise=0 --init_seed="$SEED" $EXTRA > run.out 2>&1 \
     || { echo "error: the released run failed: $(tail -1 run.out) (full output: $REL/run.out)" >&2; exit 1; }
 [ "$(ls logs | wc -l)" -gt "$before" ] || { echo "error: the released run wrote no log" >&2; exit 1; }
