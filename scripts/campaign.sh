@@ -376,6 +376,17 @@ step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on 
     table --name cg experiment=fedlpa/table10 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
 }
 
+step_fedlpa_table7_onestage() {  # Table 7 (50 local epochs) on FMNIST and MNIST, 9 partitions x 3 seeds, every method that
+                                 # trains the one shared stage (FedProx's four mu and DENSE left out, as in Table 10's long
+                                 # columns). Session 30 ran runs on an H100 (CAMPAIGN_HW="hardware=cuda"); a run here is
+                                 # about 10 CPU min (one 50-epoch stage of 60,000 samples)
+    for d in fmnist mnist; do
+        run experiment=fedlpa/table7 profile=paper dataset=$d "$FEDLPA_CG_ONESTAGE"
+    done
+    table experiment=fedlpa/table7 profile=paper
+    table --name cg experiment=fedlpa/table7 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
+}
+
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -386,7 +397,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist)
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_table7_onestage)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
