@@ -378,8 +378,8 @@ step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on 
 
 step_fedlpa_table7_onestage() {  # Table 7 (50 local epochs) on FMNIST and MNIST, 9 partitions x 3 seeds, every method that
                                  # trains the one shared stage (FedProx's four mu and DENSE left out, as in Table 10's long
-                                 # columns). Session 30 ran runs on an H100 (CAMPAIGN_HW="hardware=cuda"); a run here is
-                                 # about 10 CPU min (one 50-epoch stage of 60,000 samples)
+                                 # columns). Session 30 ran FMNIST's 27 runs and MNIST's first 11 on an H100
+                                 # (CAMPAIGN_HW="hardware=cuda"); a run here is about 10 CPU min (one 50-epoch stage)
     for d in fmnist mnist; do
         run experiment=fedlpa/table7 profile=paper dataset=$d "$FEDLPA_CG_ONESTAGE"
     done
