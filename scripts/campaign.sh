@@ -105,7 +105,7 @@ step_fedlap_table1_fmnist100() {  # Table 1's FMNIST row with 100 clients (all o
 }
 step_fedlap_appE5() {             # App. E.5's in-text table: FedLap-Func with 2 memory points per class (FMNIST 10 %, 3 seeds),
                                   # then the raw-pixel, 1-local-epoch reading that Table 1's FMNIST verdicts use
-                                  # (gaps.md#fedlap-appe5; about 17 CPU min a run, the 5000 server steps a round)
+                                  # (gaps.md#fedlap-appE5; about 17 CPU min a run, the 5000 server steps a round)
     run experiment=fedlap/appE5 profile=paper
     run --name rawpixels_e1 experiment=fedlap/appE5 profile=paper "$RAW" "local.epochs=choice(1)"
     table experiment=fedlap/appE5 profile=paper
