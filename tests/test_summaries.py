@@ -59,3 +59,16 @@ def test_a_threshold_the_run_did_not_record_comes_from_its_history():
     assert history_value([], "summary.first_round_accuracy_ge_40") == (None, "absent")   # no history
     for other in ("summary.last3_mean_accuracy", "metrics.accuracy", "max(summary.first_round_*)"):
         assert history_value(H, other) == (None, "absent")
+
+
+def test_history_value_gives_last_k_summaries_as_they_stood_at_an_earlier_round():
+    """FedLap App. E.5's cells: the mean / max of the last 3 rounds at round r, from the round history."""
+    # at round 4 the last 3 evaluated rounds are 1, 2 and 4 (round 3 has no accuracy)
+    assert history_value(H, "summary.last3_mean_accuracy@4") == ((30 + 45 + 41) / 3, "value")
+    assert history_value(H, "summary.last3_max_accuracy@4") == (45.0, "value")
+    assert history_value(H, "summary.last2_mean_accuracy@2") == (37.5, "value")
+    # at the final round it equals the summary the run stores
+    assert history_value(H, "summary.last3_max_accuracy@5")[0] == summarize(H)["last3_max_accuracy"]
+    assert history_value(H, "summary.last3_mean_accuracy@6") == (None, "absent")    # the run stops at round 5
+    assert history_value(H, "summary.last3_mean_nll@4") == (None, "absent")         # no such column
+    assert history_value([], "summary.last3_mean_accuracy@4") == (None, "absent")

@@ -378,3 +378,26 @@ def test_a_tie_for_first_in_our_printed_means_wins_for_no_method():
     assert [(f["paper_winner"], f["our_winner"]) for f in failed] == [("fedlpa", "fedlpa/fedavg/scaffold")]
     s.loc[0, "mean"] = 10.01                                # one test sample in 10,000 more: a win that shows
     assert score(s, {}, "accuracy")["order_held"] == 1
+
+
+def test_fedlap_appE5_reads_all_16_paper_cells_from_round_histories(tmp_path):
+    """App. E.5 prints the mean and the max of the last 3 rounds at rounds 10 / 25 / 50 and the rounds to 75 / 78 %:
+    eight columns per split, each joined to its own reference cell (metric_variant, rounds, threshold)."""
+    from fedbench.report.tables import attach_reference
+    from fedbench.results.records import write_csv_atomic
+    out = tmp_path / "out"
+    preset = ["experiment=fedlap/appE5", "profile=paper", "seed=0"]
+    curve = [60.0 + 0.5 * r for r in range(1, 51)]   # 60.5 ... 85.0: reaches 75 at round 30, 78 at round 36
+    _fake_records(out, preset, lambda c: {"metrics": {"accuracy": curve[-1]},
+                                          "summary": {"first_round_accuracy_ge_75": 30, "first_round_accuracy_ge_78": 36}})
+    for d in (out / "runs").iterdir():
+        write_csv_atomic(d / "history.csv", [{"round": i + 1, "accuracy": a} for i, a in enumerate(curve)],
+                         ["round", "accuracy"])
+    s = attach_reference(summarise(table_runs(preset, out)), "fedlap", "appE5")
+    assert len(s) == 16 and s["paper"].notna().all() and (s["n"] == 1).all()
+    homog = lambda col: _cell(s, partition="homog", column=col)   # noqa: E731
+    assert homog("mean r10")["mean"] == pytest.approx((64.5 + 64.0 + 65.0) / 3) and homog("mean r10")["paper"] == 74.0
+    assert homog("max r25")["mean"] == pytest.approx(72.5) and homog("max r25")["paper"] == 78.2
+    assert homog("max r50")["mean"] == pytest.approx(85.0) and homog("max r50")["paper"] == 80.3
+    assert homog("first >= 78")["mean"] == 36 and homog("first >= 78")["paper"] == 25.0
+    assert _cell(s, partition="heterog", column="first >= 75")["paper"] == 16.0

@@ -34,7 +34,7 @@ from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
 from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_record_dir, load_record, publish_record,
                                       is_complete, read_history, read_record, records_dir, tuning_store)
-from fedbench.results.summaries import history_value, last_k, parse_source, record_value
+from fedbench.results.summaries import history_value, last_k_at, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
 from fedbench.config.aggregators import expand_aggregators
@@ -112,7 +112,7 @@ def norm_key(v) -> str:
 # --- derived columns (table.columns) -------------------------------------------------------------------
 _SPEC_FIELDS = ("name", "value", "metric", "keys", "where", "never", "per_client")
 _RESERVED = ("method", "algorithm", "seed", "profile", "run_id", "status", "missing_method", "column", "metric",
-             "value", "never", "rounds")
+             "value", "never")
 
 
 class ColumnSpec:
@@ -299,9 +299,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
             for r in at_rounds:
                 if r > int(c["rounds"]):
                     continue
-                upto = [h for h in hist if int(h["round"]) <= r]
-                val = last_k(upto, "accuracy", k, "max" if how.endswith("max") else "mean") \
-                    if len(upto) and int(upto[-1]["round"]) == r else None
+                val = last_k_at(hist, r, "accuracy", k, "max" if how.endswith("max") else "mean")
                 rows.append({**row, "rounds": r, "accuracy": val,
                              "status": row["status"] if val is not None else "missing"})
     row_keys = [k for k in ((meta or {}).get("rows") or ["dataset", "partition"]) if k != "rounds"]

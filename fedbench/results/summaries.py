@@ -3,7 +3,9 @@
 * mean / max over the last k evaluated rounds (FedLap Tables 1/4: mean of the last 3; Table 2: max);
 * first round whose value reaches a threshold (FedLap Table 3, FOLA Table II; None = never);
 * the value a table cell reads from a run record (``record_value``: a metric, a summary, or the min / max / mean
-  over a family of metrics such as FedBEns' per-component accuracies, Table 8).
+  over a family of metrics such as FedBEns' per-component accuracies, Table 8);
+* the same summaries as they stood at an earlier round (``summary.last3_max_accuracy@10``), from the run's history
+  (``history_value``: FedLap App. E.5 prints the mean and the max of the last 3 rounds at rounds 10 / 25 / 50).
 """
 from __future__ import annotations
 
@@ -28,6 +30,12 @@ def last_k(history, metric: str = "accuracy", k: int = 3, how: str = "mean") -> 
     if not s:
         return None
     return sum(s) / len(s) if how == "mean" else max(s)
+
+
+def last_k_at(history, at: int, metric: str = "accuracy", k: int = 3, how: str = "mean") -> Optional[float]:
+    """``last_k`` as it stood at round ``at`` (over the rounds up to it); None when the history does not reach it."""
+    upto = [h for h in history if int(h["round"]) <= at]
+    return last_k(upto, metric, k, how) if upto and int(upto[-1]["round"]) == at else None
 
 
 def first_round_reaching(history, threshold: float, metric: str = "accuracy") -> Optional[int]:
@@ -82,16 +90,30 @@ def _number(v) -> Optional[float]:
 
 
 _FIRST_ROUND = re.compile(r"^first_round_([A-Za-z0-9]+(?:_[A-Za-z0-9]+)*?)_ge_([0-9.eE+-]+)$")
+_LAST_K_AT = re.compile(r"^last([1-9][0-9]*)_(mean|max)_([A-Za-z0-9_]+)@([1-9][0-9]*)$")
 
 
 def history_value(history, source: str) -> Tuple[Optional[float], str]:
-    """(value, state) of a ``summary.first_round_<metric>_ge_<t>`` that the run did not record (its
-    ``eval.thresholds`` did not list t), from its round history: the same ``first_round_reaching`` the run would
-    have stored. So a rounds-to-accuracy table reads the runs of an accuracy table with the same settings (FedLap
-    Table 3 from Table 1's): ``eval.thresholds`` is part of the run identity. ("absent" for any other source.)"""
+    """(value, state) of a summary that the run did not record, from its round history:
+
+    * ``summary.first_round_<metric>_ge_<t>`` (its ``eval.thresholds`` did not list t): the same
+      ``first_round_reaching`` the run would have stored. So a rounds-to-accuracy table reads the runs of an
+      accuracy table with the same settings (FedLap Table 3 from Table 1's): ``eval.thresholds`` is part of the run
+      identity.
+    * ``summary.last<k>_<mean|max>_<metric>@<r>``: the last-k summary as it stood at round r, over the rounds up to
+      r; "absent" when the history does not reach round r (a shorter run has no such cell).
+
+    ("absent" for any other source.)"""
     how, section, key = parse_source(source)
+    if how is not None or section != "summary" or not history:
+        return None, "absent"
+    m = _LAST_K_AT.match(key)
+    if m:
+        k, agg, metric, at = int(m.group(1)), m.group(2), m.group(3), int(m.group(4))
+        v = last_k_at(history, at, metric, k, agg) if metric in history[0] else None
+        return (v, "value") if v is not None else (None, "absent")
     m = _FIRST_ROUND.match(key)
-    if how is not None or section != "summary" or not m or not history:
+    if not m:
         return None, "absent"
     metric, t = m.group(1), float(m.group(2))
     if metric not in history[0]:
