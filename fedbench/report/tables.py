@@ -8,8 +8,9 @@ Table 3's λ = 0.001 column is Table 1's runs), and cells whose runs are missing
 By default a cell is one metric of the run's final round (``accuracy``, or the preset's ``table.metric``).
 A preset can instead declare ``table.columns``: one entry per derived column, each saying what it reads
 from a run record (``value``: ``metrics.<key>``, ``summary.<key>``, ``timing|communication.<key>`` or
-``min|max|mean|sum(<section>.<glob>)``, see ``fedbench.results.summaries.record_value``), which reference cells it is compared with (``metric`` and
-``keys``, e.g. ``{threshold: 97.5}``), on which rows it applies (``where``) and whether a null summary means
+``min|max|mean|sum(<section>.<glob>)``, see ``fedbench.results.summaries.record_value``; a summary the record lacks,
+``first_round_<metric>_ge_<t>`` or ``last<k>_<mean|max>_<metric>@<round>``, is read from the round history), which
+reference cells it is compared with (``metric`` and ``keys``, e.g. ``{threshold: 97.5}``), on which rows it applies (``where``) and whether a null summary means
 "never reached" (``never``); ``table.layout`` places row keys, ``method`` and ``column`` on the table's
 rows or columns as the paper does (FedLap Table 3, FedBEns Table 8, FOLA Table II). ``table.label_keys``
 names algorithm keys that tell variants of one method apart in a figure or table (FedDyn's weight decay).
