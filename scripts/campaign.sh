@@ -106,10 +106,11 @@ step_fedlap_table1_fmnist100() {  # Table 1's FMNIST row with 100 clients (all o
 step_fedlap_appE5() {             # App. E.5's in-text table: FedLap-Func with 2 memory points per class (FMNIST 10 %, 3 seeds),
                                   # then the raw-pixel, 1-local-epoch reading that Table 1's FMNIST verdicts use
                                   # (gaps.md#fedlap-appE5; about 17 CPU min a run, the 5000 server steps a round)
+    local e1=(--name rawpixels_e1 experiment=fedlap/appE5 profile=paper "$RAW" "local.epochs=choice(1)")
     run experiment=fedlap/appE5 profile=paper
-    run --name rawpixels_e1 experiment=fedlap/appE5 profile=paper "$RAW" "local.epochs=choice(1)"
+    run "${e1[@]}"
     table experiment=fedlap/appE5 profile=paper
-    table --name rawpixels_e1 experiment=fedlap/appE5 profile=paper "$RAW" "local.epochs=choice(1)"
+    table "${e1[@]}"
 }
 step_fedlap_table1_fmnist_rawpixels() {   # gaps.md#fedlap-table1 and #fedlap-table3: raw pixels, then 1 local epoch
     run --name rawpixels experiment=fedlap/table1 profile=paper dataset=fmnist partition=homo,size_class_dirichlet \
