@@ -153,7 +153,7 @@ step_fedlap_mnist_feddyn_bayes_admm() {   # gaps.md#fedlap-table3-feddyn: MNIST 
     run --name dynbadmm experiment=fedlap/table1 "${mh[@]}"   # 20 rounds: Tables 1, 2 and 5
     local fm=(profile=paper dataset=fmnist partition=homo,size_class_dirichlet num_clients=10 "$dyn")
     run --name dynbadmm experiment=fedlap/table1 "${fm[@]}"   # Fashion-MNIST 10 %, 50 rounds: Tables 1, 2, 3 and 5
-    # MNIST heterogeneous (50 rounds, Tables 1, 2, 3 and 5): Table 3's FedDyn needs 41-44 rounds to 97.5 %, the paper 18
+    # MNIST heterogeneous (50 rounds, Tables 1, 2, 3 and 5): the preset's FedDyn needs 18-44 rounds to 97.5 % (paper 18)
     local mhet=(profile=paper dataset=mnist partition=size_class_dirichlet "$dyn")
     run --name dynbadmm experiment=fedlap/table1 "${mhet[@]}"
     for t in table1 table2 table3 table5; do

@@ -10,9 +10,9 @@ A preset can instead declare ``table.columns``: one entry per derived column, ea
 from a run record (``value``: ``metrics.<key>``, ``summary.<key>``, ``timing|communication.<key>`` or
 ``min|max|mean|sum(<section>.<glob>)``, see ``fedbench.results.summaries.record_value``; a summary the record lacks,
 ``first_round_<metric>_ge_<t>`` or ``last<k>_<mean|max>_<metric>@<round>``, is read from the round history), which
-reference cells it is compared with (``metric`` and ``keys``, e.g. ``{threshold: 97.5}``), on which rows it applies (``where``) and whether a null summary means
-"never reached" (``never``); ``table.layout`` places row keys, ``method`` and ``column`` on the table's
-rows or columns as the paper does (FedLap Table 3, FedBEns Table 8, FOLA Table II). ``table.label_keys``
+reference cells it is compared with (``metric`` and ``keys``, e.g. ``{threshold: 97.5}``), on which rows it
+applies (``where``) and whether a null summary means "never reached" (``never``); ``table.layout`` places row
+keys, ``method`` and ``column`` on the table's rows or columns as the paper does (FedLap Table 3, FedBEns Table 8, FOLA Table II). ``table.label_keys``
 names algorithm keys that tell variants of one method apart in a figure or table (FedDyn's weight decay).
 """
 from __future__ import annotations
