@@ -4,8 +4,9 @@ import pytest
 
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
-from fedbench.report.figures import plot_table, round_curves
+from fedbench.report.figures import curve_reference, plot_table, round_curves
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
+from fedbench.results.reference import load_reference
 from fedbench.runner import expand_aggregators
 
 PRESET = ["experiment=fedlap/table1", "profile=paper", "dataset=uci_credit"]
@@ -150,3 +151,15 @@ def test_bad_figure_declarations_fail_with_one_line():
         with pytest.raises(FedbenchError, match=match):
             figure_spec({**meta, "figure": fig})
     assert figure_spec({**meta, "figure": {"kind": "sweep", "x": "M", "log_y": True}})["log_y"] is True
+
+
+def test_curve_reference_draws_one_statistic_per_round():
+    # FedLap App. E.5 prints mean and max of the last 3 rounds at rounds 10/25/50, plus rounds-to-accuracy rows
+    ref = curve_reference(load_reference("fedlap", "appE5"), "accuracy")
+    assert set(ref["metric_variant"]) == {"mean_last3"}
+    assert sorted(ref["rounds"].astype(int)) == [10, 10, 25, 25, 50, 50]   # homog and heterog
+    assert sorted(ref["mean"])[-1] == 80.1                                 # the mean row, not the max row's 80.3
+    # a table with a single statistic keeps every round-carrying row of the metric
+    t2 = curve_reference(load_reference("fedlap", "table2"), "accuracy")
+    full = load_reference("fedlap", "table2")
+    assert len(t2) == len(full[(full["metric"] == "accuracy") & full["rounds"].notna()]) > 0

@@ -276,6 +276,21 @@ def plot_sweep_table(overrides: Sequence[str], output_root: Path, figures_dir: P
     return plot_sweep(points, figures_dir / f"{name}.png", title=title, reference=ref)
 
 
+def curve_reference(ref: pd.DataFrame, metric: str) -> Optional[pd.DataFrame]:
+    """The paper's points for a curve over rounds: rows of ``metric`` that name a round. Where a table prints the
+    same round as several statistics (FedLap App. E.5: mean and max of the last 3 rounds), only the mean of the
+    last 3 is drawn, the statistic a smoothed curve shows; two markers per round would read as two runs."""
+    ref = ref[ref["metric"] == metric] if "metric" in ref else ref
+    if "rounds" not in ref:
+        return None
+    ref = ref[ref["rounds"].notna()]
+    if "metric_variant" in ref:
+        variants = set(ref["metric_variant"].dropna()) - {""}
+        if "mean_last3" in variants and len(variants) > 1:
+            ref = ref[ref["metric_variant"] == "mean_last3"]
+    return ref
+
+
 def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, metric: Optional[str] = None,
                suffix: Optional[str] = None) -> Path:
     """The preset's figure: ``results/figures/<paper>_<id>[_<profile>]_<metric>.png`` — accuracy over rounds, or
@@ -296,9 +311,7 @@ def plot_table(overrides: Sequence[str], output_root: Path, figures_dir: Path, m
         raise FedbenchError("a one-shot table (every run has one round): nothing to draw over rounds")
     name, title = _name_and_title(meta, overrides, metric, suffix)
     try:
-        ref = load_reference(meta["paper"], meta["id"])
-        ref = ref[(ref["metric"] == metric)] if "metric" in ref else ref
-        ref = ref[ref["rounds"].notna()] if "rounds" in ref else None
+        ref = curve_reference(load_reference(meta["paper"], meta["id"]), metric)
     except Exception:  # noqa: BLE001  (a table without transcribed numbers still gets its figure)
         ref = None
     return plot_curves(curves, figures_dir / f"{name}.png", metric=metric, title=title, reference=ref,
