@@ -190,3 +190,35 @@ def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):
     assert mod.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no metrics.json and model.pt" in err and len(err.strip().splitlines()) == 1
+
+
+def _client_accuracy():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("client_accuracy", ROOT / "scripts" / "gaps" / "client_accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_client_accuracy_reads_the_cached_clients(tmp_path, monkeypatch, capsys):
+    """The clients read back from a finished run's cache score, size-weighted, the record's own local accuracy (the
+    round loop's mean of the same clients' test accuracies); a seed that never ran is reported, not trained."""
+    import json
+    from tests.test_run import SMALL, records, run
+    args = [a for a in SMALL if a != "rounds=2"] + ["rounds=1", "eval.local_accuracy=true"]
+    run(args + ["seed=0"], tmp_path)
+    (rec_path,) = records(tmp_path)
+    rec = json.loads(rec_path.read_text())
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    mod = _client_accuracy()
+    sizes, accs, _ = mod.fedbench_clients(args, 0)
+    assert sizes == rec["partition"]["client_sizes"] and len(accs) == 3
+    mean = sum(a * n for a, n in zip(accs, sizes)) / sum(sizes)
+    assert abs(mean - rec["metrics"]["local_accuracy"]) < 1e-6
+    assert mod.fedbench_clients(args, 1)[1] is None
+    assert mod.main(["--seeds", "0", "1", "--", *args]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1: its client stage is not in the cache" in out and f"| fedbench seed 0 | {accs[0]:.2f} |" in out
+    assert mod.main(["--seeds", "0", "--released", str(tmp_path), "--", *args]) == 2
+    assert "has no experiments_our.py" in capsys.readouterr().err
