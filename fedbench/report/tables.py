@@ -12,8 +12,9 @@ from a run record (``value``: ``metrics.<key>``, ``summary.<key>``, ``timing|com
 ``first_round_<metric>_ge_<t>`` or ``last<k>_<mean|max>_<metric>@<round>``, is read from the round history), which
 reference cells it is compared with (``metric`` and ``keys``, e.g. ``{threshold: 97.5}``), on which rows it
 applies (``where``) and whether a null summary means "never reached" (``never``); ``table.layout`` places row
-keys, ``method`` and ``column`` on the table's rows or columns as the paper does (FedLap Table 3, FedBEns Table 8, FOLA Table II). ``table.label_keys``
-names algorithm keys that tell variants of one method apart in a figure or table (FedDyn's weight decay).
+keys, ``method`` and ``column`` on the table's rows or columns as the paper does (FedLap Table 3, FedBEns Table 8,
+FOLA Table II). ``table.label_keys`` names algorithm keys that tell variants of one method apart in a figure or
+table (FedDyn's weight decay).
 """
 from __future__ import annotations
 
