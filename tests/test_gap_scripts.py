@@ -212,7 +212,7 @@ def test_client_accuracy_reads_the_cached_clients(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
     mod = _client_accuracy()
-    sizes, accs, _ = mod.fedbench_clients(args, 0)
+    sizes, accs = mod.fedbench_clients(args, 0)
     assert sizes == rec["partition"]["client_sizes"] and len(accs) == 3
     mean = sum(a * n for a, n in zip(accs, sizes)) / sum(sizes)
     assert abs(mean - rec["metrics"]["local_accuracy"]) < 1e-6
@@ -222,3 +222,6 @@ def test_client_accuracy_reads_the_cached_clients(tmp_path, monkeypatch, capsys)
     assert "seed 1: its client stage is not in the cache" in out and f"| fedbench seed 0 | {accs[0]:.2f} |" in out
     assert mod.main(["--seeds", "0", "--released", str(tmp_path), "--", *args]) == 2
     assert "has no experiments_our.py" in capsys.readouterr().err
+    assert mod.main(["--seeds", "0", "--", *args, "model=no_such_model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def fedbench_clients(overrides: List[str], seed: int):
-    """(client sizes, test accuracies of the cached trained clients or None, label counts) of one fedbench seed."""
+    """(client sizes, test accuracies of the cached trained clients or None) of one fedbench seed."""
     from fedbench.algorithms import build_algorithm
     from fedbench.config.compose import compose_config
     from fedbench.eval.metrics import evaluate
@@ -40,10 +40,10 @@ def fedbench_clients(overrides: List[str], seed: int):
     stage = {**fl.stage_parts, "round": 1, "local_objective": algo.client_stage_key(1)}
     payload = fl.cache.load({**stage, "product": "local_training"})
     if payload is None:
-        return run.client_sizes, None, run.client_label_counts()
+        return run.client_sizes, None
     accs = [evaluate(fl.model, p, fl.test_inputs, fl.test_y, task=fl.task, batch_size=fl.eval_batch_size)["accuracy"]
             for p in payload["params"]]
-    return run.client_sizes, accs, run.client_label_counts()
+    return run.client_sizes, accs
 
 
 def released_clients(dump_path: Path, sizes: List[int], test) -> Optional[List[float]]:
@@ -79,17 +79,20 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: no such dump: {', '.join(missing)}", file=sys.stderr)
         return 2
+    from fedbench.errors import FedbenchError
     torch.set_num_threads(1)
     rows, sizes, per_client = [], None, []
     for seed in a.seeds:
-        sizes, accs, counts = fedbench_clients(a.overrides, seed)
+        try:
+            sizes, accs = fedbench_clients(a.overrides, seed)
+        except FedbenchError as e:   # an unknown name or invalid value in the overrides
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         if accs is None:
             print(f"seed {seed}: its client stage is not in the cache (run it here first); skipped")
             continue
         rows.append(row(f"fedbench seed {seed}", sizes, accs))
         per_client.append(("fedbench", accs))
-    if sizes is None:
-        return 1
     if dumps:
         sys.path.insert(0, str(checkout.resolve()))
         from fedlpa_cross_server import load_test
@@ -100,6 +103,8 @@ def main(argv=None) -> int:
             if accs is not None:
                 rows.append(row(f"released {d.stem}", sizes, accs))
                 per_client.append(("released", accs))
+    if not rows:
+        return 1
     print("| draw | " + " | ".join(f"client {k} (n = {n})" for k, n in enumerate(sizes)) + " | size-weighted mean |")
     print("|---" * (len(sizes) + 2) + "|")
     print("\n".join(rows))
