@@ -89,6 +89,32 @@ def test_serial_equals_batched_with_terms_and_augmentation():
     assert max((plain.params[0][n] - ser.params[0][n]).abs().max() for n in start) > 1e-4
 
 
+@pytest.mark.parametrize("opt", [dict(optimizer="sgd", lr=0.05, momentum=0.9, batch_size=8, epochs=2),
+                                 dict(optimizer="adam", lr=0.01, batch_size=8, epochs=2)])
+@pytest.mark.parametrize("with_terms", [False, True])
+def test_client_without_data_stays_finite_and_backends_agree(opt, with_terms):
+    # a 100-client size-then-class Dirichlet split can leave a client empty (FedLap Table 1, FMNIST, seed 1);
+    # the batched engine once turned that client's weights into NaN (0/0 loss), which poisoned the server's average
+    torch.manual_seed(2)
+    model = TinyCNN(bias=False)
+    start = _start(model)
+    clients = [torch.arange(0, 23), torch.arange(0, 0), torch.arange(30, 70)]
+    obj = None
+    if with_terms:
+        obj = LocalObjective(terms=[ProximalTerm(0.1)], shared_ctx={"anchor": {n: t + 0.1 for n, t in start.items()}})
+    cfg = LocalTrainConfig(**opt)
+    ser = train_clients(model, _data(), clients, start, cfg, objective=obj, backend="serial")
+    bat = train_clients(model, _data(), clients, start, cfg, objective=obj, backend="batched", conv_strategy="unfold")
+    assert ser.steps == bat.steps
+    for ps, pb in zip(ser.params, bat.params):
+        for n in ps:
+            assert torch.isfinite(pb[n]).all()
+            torch.testing.assert_close(pb[n], ps[n], rtol=1e-4, atol=1e-5)
+    # without a term the empty client's gradient is zero, so it returns its start exactly; with one it moves
+    moved = max((bat.params[1][n] - start[n]).abs().max() for n in start)
+    assert (moved > 1e-4) if with_terms else (moved == 0)
+
+
 def test_serial_matches_plain_torch_loop():
     """The serial backend is an ordinary SGD loop: reproduce one client by hand."""
     from fedbench.train.engine import client_generator, epoch_batches

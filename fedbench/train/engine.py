@@ -260,7 +260,9 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
                 if rows is not None else {n: p.detach().requires_grad_(True) for n, p in params.items()}
             per_sample = data_loss(stacked(cur, x), y, data.task).reshape(ka, bsz)
             counts = weight.sum(1)
-            client_loss = (per_sample * weight).sum(1) / counts
+            # a client with no data has one empty batch per epoch (torch.split of nothing), as in the serial
+            # engine: its data loss must be 0 with zero gradient there, not 0/0 (NaN weights that reach the server)
+            client_loss = (per_sample * weight).sum(1) / counts.clamp_min(1)
             if rows is None:
                 loss_sums += client_loss.detach()
                 loss_counts += 1
