@@ -23,6 +23,7 @@ from fedbench.curvature.compute import curvature_seconds
 from fedbench.data import DATASETS
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import run_rounds
+from fedbench.fl.resume import RoundCheckpoint
 from fedbench.models import MODELS, count_parameters
 from fedbench.partition import PARTITIONS
 from fedbench.results.claims import claim
@@ -159,6 +160,20 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
         history.append(row)
         logger.log_round(row)
 
+    ckpt, resumed = _round_checkpoint(cfg, out, algo, run)
+    prior_s, prior_cpu, resumed_after = 0.0, 0.0, []
+    if resumed is not None:
+        for row in resumed.rows:
+            history.append(row)
+            logger.log_round(row)
+        prior_s, prior_cpu, resumed_after = resumed.elapsed_s, resumed.cpu_s, resumed.resumed_after
+        print(f"fedbench: run {run_id} resumes after round {resumed.round} of {int(cfg.rounds)} ({ckpt.path})")
+
+    def on_state(r: int, state) -> None:
+        if ckpt is not None and r < int(cfg.rounds) and ckpt.due():
+            ckpt.save(r, state, history, prior_s + time.perf_counter() - t_start,
+                      prior_cpu + time.process_time() - cpu_start, resumed_after)
+
     curv_t0 = curvature_seconds()
     status, error, final_state, saved = "failed", None, None, {}
     round1_clients = []   # save_model of a one-shot run: the client weights the aggregator received
@@ -166,7 +181,9 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
     try:
         final_state, _ = run_rounds(run.fl, algo, run.init_params, int(cfg.rounds), eval_every=int(cfg.eval.every),
                                     progress=bool(cfg.get("progress", True)), on_round=on_round,
-                                    on_clients=(lambda r, ps: round1_clients.extend(ps)) if keep_clients else None)
+                                    on_clients=(lambda r, ps: round1_clients.extend(ps)) if keep_clients else None,
+                                    resume_after=resumed.round if resumed else 0,
+                                    resume_state=resumed.state if resumed else None, on_state=on_state)
         if save_model:
             saved = _save_model(out, algo.predict_params(final_state), round1_clients, config_group(cfg, "model"),
                                 run.data, run_id)
@@ -181,11 +198,29 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
         logger.finish(status)
         # cpu_s: this process's CPU seconds (all its threads) over the run; beside total_s it tells a reader whether
         # the wall time was inflated by other load or a paused process (cpu_s / total_s well below the thread count)
-        timing = {"total_s": time.perf_counter() - t_start, "cpu_s": time.process_time() - cpu_start,
-                  "curvature_s": curvature_seconds() - curv_t0}
+        timing = {"total_s": prior_s + time.perf_counter() - t_start,
+                  "cpu_s": prior_cpu + time.process_time() - cpu_start,
+                  "curvature_s": curvature_seconds() - curv_t0}   # this start's only (not kept across a resume)
         record = _record(cfg, run, config, history, status, error, timing, saved, started)
+        if resumed_after:
+            record["resumed_after_rounds"] = resumed_after   # the rounds it went on after, one per restart
         _write_record(out, record, history, final_state)
+        if status == "ok" and ckpt is not None:
+            ckpt.discard()
     return record
+
+
+def _round_checkpoint(cfg: DictConfig, out: Path, algo, run: RunSetup):
+    """The run's resume file (fedbench/fl/resume.py) and what it holds, when ``checkpoint_every_s`` > 0, the
+    method is resumable and the run has more than one round; force=true starts over."""
+    every = float(cfg.get("checkpoint_every_s") or 0)
+    if every <= 0 or not getattr(algo, "resumable", False) or int(cfg.rounds) < 2:
+        return None, None
+    ckpt = RoundCheckpoint(out, compute_run_id(cfg), every)
+    if cfg.get("force", False):
+        ckpt.discard()
+        return ckpt, None
+    return ckpt, ckpt.load(run.fl.device)
 
 
 def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: List[Dict[str, Any]], status: str,

@@ -67,6 +67,9 @@ class Algorithm:
     name: ClassVar[str] = "base"
     # the method's options: a frozen dataclass read with ``options.read_options`` (defaults: conf/algorithm/<name>.yaml)
     Options: ClassVar[Optional[type]] = None
+    # a run killed mid-way may go on from its last saved round (fedbench/fl/resume.py): only for methods whose
+    # whole memory across rounds is the state dict, each checked by tests/test_resume.py
+    resumable: ClassVar[bool] = False
 
     def __init__(self, cfg: Mapping[str, Any], setup):
         self.cfg = dict(cfg)

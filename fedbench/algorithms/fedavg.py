@@ -16,6 +16,7 @@ class FedAvgOptions:
 @ALGORITHMS.register("fedavg")
 class FedAvg(Algorithm):
     name = "fedavg"
+    resumable = True   # all cross-round memory is in the state dict (tests/test_resume.py)
     Options = FedAvgOptions
 
     def __init__(self, cfg, setup):

@@ -56,6 +56,7 @@ class FedDynOptions:
 @ALGORITHMS.register("feddyn")
 class FedDyn(Algorithm):
     name = "feddyn"
+    resumable = True   # all cross-round memory is in the state dict (tests/test_resume.py)
     Options = FedDynOptions
 
     def __init__(self, cfg, setup):

@@ -220,6 +220,7 @@ class FedLap(Algorithm):
     """FedLap (§1.4). Config: delta, rho, rho_schedule_rounds, init, local_start."""
 
     name = "fedlap"
+    resumable = True   # all cross-round memory is in the state dict (tests/test_resume.py)
     Options = FedLapOptions
 
     def __init__(self, cfg, setup):

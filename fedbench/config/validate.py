@@ -130,6 +130,8 @@ def check_top_level(c: Mapping) -> None:
     for key in ("cache", "force", "save_model", "progress"):
         if key in c:
             _bool(key, c[key])
+    if c.get("checkpoint_every_s") is not None:
+        _number("checkpoint_every_s", c["checkpoint_every_s"], ge=0)
     if not isinstance(c.get("tags", []), list):
         _fail("tags", c.get("tags"), "a list, e.g. tags=[a,b]")
     if c.get("profile") is not None and not isinstance(c["profile"], str):

@@ -76,25 +76,34 @@ class FLSetup:
 def run_rounds(setup: FLSetup, algo: Algorithm, init_params: Dict[str, Tensor], rounds: int, *,
                eval_every: int = 1, progress: bool = True,
                on_round: Optional[Callable[[RoundLog], None]] = None,
-               on_clients: Optional[Callable[[int, List[Dict[str, Tensor]]], None]] = None
+               on_clients: Optional[Callable[[int, List[Dict[str, Tensor]]], None]] = None,
+               resume_after: int = 0, resume_state: Optional[Dict[str, Any]] = None,
+               on_state: Optional[Callable[[int, Dict[str, Any]], None]] = None
                ) -> tuple[Dict[str, Any], List[RoundLog]]:
     """``on_clients(round, params)``: the round's trained client weights (member 0), as the server receives
-    them (the runner's ``save_model`` keeps round 1's)."""
+    them (the runner's ``save_model`` keeps round 1's). ``resume_after`` / ``resume_state``: go on after that
+    round from that state (fedbench/fl/resume.py; the logs returned are then the new rounds' only).
+    ``on_state(round, state)``: after each round's ``on_round``, the state the next round starts from."""
     from tqdm.auto import tqdm
 
-    state = algo.init_state(init_params)
+    state = algo.init_state(init_params)   # also on a resume: a method may set itself up here
+    if resume_state is not None:
+        state = resume_state
     products = ProductStage(setup)   # the run's one worker model for every client's products
     logs: List[RoundLog] = []
     epochs = setup.local.epochs
     bar = tqdm(total=rounds * max(epochs, 0) * setup.num_clients, disable=not progress or epochs == 0,
+               initial=resume_after * max(epochs, 0) * setup.num_clients,
                desc=f"{algo.name}", unit="client-epoch", dynamic_ncols=True, leave=False)
     try:
-        for r in range(1, rounds + 1):
+        for r in range(resume_after + 1, rounds + 1):
             bar.set_postfix_str(f"round {r}/{rounds}")
             state, log = run_round(setup, algo, state, r, rounds, eval_every, bar, on_clients, products)
             logs.append(log)
             if on_round is not None:
                 on_round(log)
+            if on_state is not None:
+                on_state(r, state)
     finally:
         bar.close()
     return state, logs

@@ -1,0 +1,96 @@
+"""Round checkpoints: a long run that is killed mid-way (a session's end, a Slurm time limit, a reboot) resumes
+after its last saved round instead of starting again.
+
+``checkpoint_every_s`` (config.yaml; not part of run_id) sets how often, at most, the run writes
+``<run folder>/resume.pt``: the round it finished, the method's state, the history so far, the time spent and the
+random number generators' states. The next start of the same run_id loads it and goes on with the next round;
+a run that finishes deletes it (records never carry it: RECORD_FILES). Resuming is opt-in per method
+(``Algorithm.resumable``), for methods whose whole memory across rounds is the state dict passed from
+``aggregate`` to the next round; tests/test_resume.py checks, for each of them, that a run split in two gives the
+same history and weights as the same run in one go.
+"""
+from __future__ import annotations
+
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from fedbench.results.records import write_torch_atomic
+
+FORMAT = 1
+FILE_NAME = "resume.pt"
+
+
+@dataclass
+class Resumed:
+    round: int                          # the last round the saved run finished
+    state: Dict[str, Any]
+    rows: List[Dict[str, Any]]          # its history rows, rounds 1..round
+    elapsed_s: float                    # wall and CPU seconds spent before (all earlier starts together)
+    cpu_s: float
+    resumed_after: List[int] = field(default_factory=list)   # every round a start resumed after, this one last
+
+
+def _rng_states() -> Dict[str, Any]:
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: Dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class RoundCheckpoint:
+    """The resume file of one run folder."""
+
+    def __init__(self, run_dir: Path, run_id: str, every_s: float):
+        self.path = Path(run_dir) / FILE_NAME
+        self.run_id = run_id
+        self.every_s = float(every_s)
+        self._last = time.perf_counter()
+
+    def load(self, device) -> Optional[Resumed]:
+        """The saved point of this run (and the generators set to theirs), or None: no file, or one that is
+        unreadable or of another run or format (then it is set aside as ``resume.pt.bad`` and the run starts
+        over, with one warning)."""
+        if not self.path.exists():
+            return None
+        try:
+            obj = torch.load(self.path, map_location=str(device), weights_only=False)
+            ok = isinstance(obj, dict) and obj.get("format") == FORMAT and obj.get("run_id") == self.run_id
+            why = "of another run or format"
+        except Exception as e:   # a file cut short by a kill during the write cannot happen (atomic), but disks fail
+            ok, why = False, f"unreadable ({type(e).__name__})"
+        if not ok:
+            self.path.replace(self.path.with_name(FILE_NAME + ".bad"))
+            print(f"fedbench: WARNING: {self.path} is {why}; set aside as {FILE_NAME}.bad, the run starts over",
+                  file=sys.stderr)
+            return None
+        _set_rng_states(obj["rng"])
+        return Resumed(obj["round"], obj["state"], obj["rows"], obj["elapsed_s"], obj["cpu_s"],
+                       list(obj.get("resumed_after", [])) + [obj["round"]])
+
+    def due(self) -> bool:
+        return time.perf_counter() - self._last >= self.every_s
+
+    def save(self, round_idx: int, state: Dict[str, Any], rows: List[Dict[str, Any]], elapsed_s: float,
+             cpu_s: float, resumed_after: List[int]) -> None:
+        write_torch_atomic(self.path, {"format": FORMAT, "run_id": self.run_id, "round": round_idx, "state": state,
+                                       "rows": list(rows), "elapsed_s": elapsed_s, "cpu_s": cpu_s,
+                                       "resumed_after": list(resumed_after), "rng": _rng_states()})
+        self._last = time.perf_counter()
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,102 @@
+"""Round checkpoints (fedbench/fl/resume.py): a run killed after round 2 of 4 and started again must give the
+same history and final weights as the same run in one go, for every method that says it is resumable."""
+import json
+
+import pytest
+import torch
+
+import fedbench.fl.loop as loop
+from fedbench.algorithms import ALGORITHMS
+from fedbench.config.compose import compose_config
+from fedbench.results.records import compute_run_id
+from fedbench.runner import execute
+
+SMALL = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.train_size=300",
+         "dataset.kwargs.test_size=100", "model=mlp_200_100", "num_clients=4", "rounds=4", "local.epochs=1",
+         "local.batch_size=32", "hardware=cpu", "progress=false", "save_model=true", "cache=false",
+         "partition=size_class_dirichlet"]
+EXTRA = {"fedlap_func": ["algorithm.server_iters=15"], "fedlap_cov": ["algorithm.mc_samples=1"]}
+RESUMABLE = sorted(n for n in set(ALGORITHMS.names()) if getattr(ALGORITHMS.get(n), "resumable", False))
+
+
+def _cfg(name, *more):
+    return compose_config([*SMALL, f"algorithm={name}", *EXTRA.get(name, []), *more])
+
+
+def _run(cfg, tmp_path, sub):
+    out = tmp_path / sub / compute_run_id(cfg)
+    execute(cfg, out)
+    return out
+
+
+def _history(out):
+    import csv
+    rows = list(csv.DictReader(open(out / "history.csv")))
+    return [{k: r[k] for k in ("round", "accuracy", "nll", "train_loss")} for r in rows]
+
+
+def _kill_at(monkeypatch, round_idx):
+    real = loop.run_round
+
+    def dying(setup, algo, state, r, *a, **k):
+        if r == round_idx:
+            raise KeyboardInterrupt   # the session's end
+        return real(setup, algo, state, r, *a, **k)
+    monkeypatch.setattr(loop, "run_round", dying)
+
+
+def test_the_resumable_methods_are_the_expected_ones():
+    # a new resumable method must come with its state in the state dict; this list says which are checked below
+    assert RESUMABLE == ["fedavg", "feddyn", "fedlap", "fedlap_cov", "fedlap_func", "fedprox"]
+
+
+@pytest.mark.parametrize("name", RESUMABLE)
+def test_killed_run_resumes_to_the_same_result(name, tmp_path, monkeypatch):
+    cfg = _cfg(name, "checkpoint_every_s=1e-9")
+    whole = _run(cfg, tmp_path, "whole")
+    assert not (whole / "resume.pt").exists()
+
+    _kill_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        _run(cfg, tmp_path, "split")
+    split = tmp_path / "split" / compute_run_id(cfg)
+    assert (split / "resume.pt").exists()
+    assert json.loads((split / "metrics.json").read_text())["status"] == "failed"   # "interrupted", not ok
+    monkeypatch.undo()
+    torch.manual_seed(12345)   # the resumed run must not depend on the new process's generators
+    _run(cfg, tmp_path, "split")
+
+    assert _history(split) == _history(whole)
+    a, b = torch.load(whole / "model.pt"), torch.load(split / "model.pt")
+    for n in a["params"]:
+        assert torch.equal(a["params"][n], b["params"][n]), n
+    rec = json.loads((split / "metrics.json").read_text())
+    assert rec["status"] == "ok" and rec["rounds_completed"] == 4 and rec["resumed_after_rounds"] == [2]
+    assert not (split / "resume.pt").exists()   # a finished run leaves no resume file
+    assert "resumed_after_rounds" not in json.loads((whole / "metrics.json").read_text())
+
+
+def test_no_checkpoint_when_off_or_not_resumable(tmp_path, monkeypatch):
+    _kill_at(monkeypatch, 2)
+    for sub, cfg in (("off", _cfg("fedavg", "checkpoint_every_s=0")), ("nores", _cfg("fednova", "checkpoint_every_s=1e-9"))):
+        with pytest.raises(KeyboardInterrupt):
+            _run(cfg, tmp_path, sub)
+        assert not (tmp_path / sub / compute_run_id(cfg) / "resume.pt").exists()
+
+
+def test_a_foreign_or_broken_resume_file_is_set_aside(tmp_path, capsys):
+    cfg = _cfg("fedavg", "checkpoint_every_s=1e-9")
+    out = tmp_path / "r" / compute_run_id(cfg)
+    out.mkdir(parents=True)
+    (out / "resume.pt").write_bytes(b"not a checkpoint")
+    execute(cfg, out)
+    assert "set aside as resume.pt.bad" in capsys.readouterr().err
+    assert (out / "resume.pt.bad").exists() and json.loads((out / "metrics.json").read_text())["rounds_completed"] == 4
+
+
+def test_checkpoint_every_s_is_validated_and_not_part_of_the_run_id():
+    from fedbench.config.validate import validate_config
+    from fedbench.errors import FedbenchError
+    assert compute_run_id(_cfg("fedavg", "checkpoint_every_s=5")) == compute_run_id(_cfg("fedavg"))
+    with pytest.raises(FedbenchError, match="checkpoint_every_s"):
+        validate_config(_cfg("fedavg", "checkpoint_every_s=-1"))
