@@ -167,12 +167,13 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
             history.append(row)
             logger.log_round(row)
         prior_s, prior_cpu, resumed_after = resumed.elapsed_s, resumed.cpu_s, resumed.resumed_after
+        started = resumed.started or started
         print(f"fedbench: run {run_id} resumes after round {resumed.round} of {int(cfg.rounds)} ({ckpt.path})")
 
     def on_state(r: int, state) -> None:
         if ckpt is not None and r < int(cfg.rounds) and ckpt.due():
             ckpt.save(r, state, history, prior_s + time.perf_counter() - t_start,
-                      prior_cpu + time.process_time() - cpu_start, resumed_after)
+                      prior_cpu + time.process_time() - cpu_start, resumed_after, started)
 
     curv_t0 = curvature_seconds()
     status, error, final_state, saved = "failed", None, None, {}
@@ -216,7 +217,7 @@ def _round_checkpoint(cfg: DictConfig, out: Path, algo, run: RunSetup):
     every = float(cfg.get("checkpoint_every_s") or 0)
     if every <= 0 or not getattr(algo, "resumable", False) or int(cfg.rounds) < 2:
         return None, None
-    ckpt = RoundCheckpoint(out, compute_run_id(cfg), every)
+    ckpt = RoundCheckpoint(out, compute_run_id(cfg), every, numerics.current(str(cfg.algorithm.name)))
     if cfg.get("force", False):
         ckpt.discard()
         return ckpt, None

@@ -62,6 +62,7 @@ def test_killed_run_resumes_to_the_same_result(name, tmp_path, monkeypatch):
     split = tmp_path / "split" / compute_run_id(cfg)
     assert (split / "resume.pt").exists()
     assert json.loads((split / "metrics.json").read_text())["status"] == "failed"   # "interrupted", not ok
+    first_started = json.loads((split / "metrics.json").read_text())["started"]
     monkeypatch.undo()
     torch.manual_seed(12345)   # the resumed run must not depend on the new process's generators
     _run(cfg, tmp_path, "split")
@@ -72,6 +73,7 @@ def test_killed_run_resumes_to_the_same_result(name, tmp_path, monkeypatch):
         assert torch.equal(a["params"][n], b["params"][n]), n
     rec = json.loads((split / "metrics.json").read_text())
     assert rec["status"] == "ok" and rec["rounds_completed"] == 4 and rec["resumed_after_rounds"] == [2]
+    assert rec["started"] == first_started   # the run began at its first start
     assert not (split / "resume.pt").exists()   # a finished run leaves no resume file
     assert "resumed_after_rounds" not in json.loads((whole / "metrics.json").read_text())
 
@@ -100,3 +102,19 @@ def test_checkpoint_every_s_is_validated_and_not_part_of_the_run_id():
     assert compute_run_id(_cfg("fedavg", "checkpoint_every_s=5")) == compute_run_id(_cfg("fedavg"))
     with pytest.raises(FedbenchError, match="checkpoint_every_s"):
         validate_config(_cfg("fedavg", "checkpoint_every_s=-1"))
+
+
+def test_a_resume_file_of_other_numerics_is_not_used(tmp_path, monkeypatch, capsys):
+    # a method whose arithmetic changed (fedbench/numerics.py bumped) must not go on from the old state
+    import fedbench.runner as runner
+    cfg = _cfg("fedlap", "checkpoint_every_s=1e-9")
+    _kill_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        _run(cfg, tmp_path, "n")
+    monkeypatch.undo()
+    real = runner.numerics.current
+    monkeypatch.setattr(runner.numerics, "current", lambda name: {**real(name), "method": -1})
+    out = _run(cfg, tmp_path, "n")
+    assert "numerics version; set aside" in capsys.readouterr().err
+    rec = json.loads((out / "metrics.json").read_text())
+    assert rec["status"] == "ok" and "resumed_after_rounds" not in rec and (out / "resume.pt.bad").exists()

@@ -35,6 +35,7 @@ class Resumed:
     elapsed_s: float                    # wall and CPU seconds spent before (all earlier starts together)
     cpu_s: float
     resumed_after: List[int] = field(default_factory=list)   # every round a start resumed after, this one last
+    started: Optional[str] = None       # when the first start began
 
 
 def _rng_states() -> Dict[str, Any]:
@@ -55,22 +56,24 @@ def _set_rng_states(states: Dict[str, Any]) -> None:
 class RoundCheckpoint:
     """The resume file of one run folder."""
 
-    def __init__(self, run_dir: Path, run_id: str, every_s: float):
+    def __init__(self, run_dir: Path, run_id: str, every_s: float, numerics: Any = None):
         self.path = Path(run_dir) / FILE_NAME
         self.run_id = run_id
+        self.numerics = numerics   # fedbench/numerics.py's version of the method: a file of other arithmetic is not used
         self.every_s = float(every_s)
         self._last = time.perf_counter()
 
     def load(self, device) -> Optional[Resumed]:
         """The saved point of this run (and the generators set to theirs), or None: no file, or one that is
-        unreadable or of another run or format (then it is set aside as ``resume.pt.bad`` and the run starts
+        unreadable, of another run or format, or of other numerics (then it is set aside as ``resume.pt.bad`` and the run starts
         over, with one warning)."""
         if not self.path.exists():
             return None
         try:
             obj = torch.load(self.path, map_location=str(device), weights_only=False)
-            ok = isinstance(obj, dict) and obj.get("format") == FORMAT and obj.get("run_id") == self.run_id
-            why = "of another run or format"
+            ok = (isinstance(obj, dict) and obj.get("format") == FORMAT and obj.get("run_id") == self.run_id
+                  and obj.get("numerics") == self.numerics)
+            why = "of another run, format or numerics version"
         except Exception as e:   # a file cut short by a kill during the write cannot happen (atomic), but disks fail
             ok, why = False, f"unreadable ({type(e).__name__})"
         if not ok:
@@ -80,14 +83,15 @@ class RoundCheckpoint:
             return None
         _set_rng_states(obj["rng"])
         return Resumed(obj["round"], obj["state"], obj["rows"], obj["elapsed_s"], obj["cpu_s"],
-                       list(obj.get("resumed_after", [])) + [obj["round"]])
+                       list(obj.get("resumed_after", [])) + [obj["round"]], obj.get("started"))
 
     def due(self) -> bool:
         return time.perf_counter() - self._last >= self.every_s
 
     def save(self, round_idx: int, state: Dict[str, Any], rows: List[Dict[str, Any]], elapsed_s: float,
-             cpu_s: float, resumed_after: List[int]) -> None:
-        write_torch_atomic(self.path, {"format": FORMAT, "run_id": self.run_id, "round": round_idx, "state": state,
+             cpu_s: float, resumed_after: List[int], started: Optional[str] = None) -> None:
+        write_torch_atomic(self.path, {"format": FORMAT, "run_id": self.run_id, "numerics": self.numerics,
+                                       "started": started, "round": round_idx, "state": state,
                                        "rows": list(rows), "elapsed_s": elapsed_s, "cpu_s": cpu_s,
                                        "resumed_after": list(resumed_after), "rng": _rng_states()})
         self._last = time.perf_counter()
