@@ -1,5 +1,6 @@
 """Round checkpoints (fedbench/fl/resume.py): a run killed after round 2 of 4 and started again must give the
 same history and final weights as the same run in one go, for every method that says it is resumable."""
+import csv
 import json
 
 import pytest
@@ -30,7 +31,6 @@ def _run(cfg, tmp_path, sub):
 
 
 def _history(out):
-    import csv
     rows = list(csv.DictReader(open(out / "history.csv")))
     return [{k: r[k] for k in ("round", "accuracy", "nll", "train_loss")} for r in rows]
 

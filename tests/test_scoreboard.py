@@ -331,6 +331,38 @@ def test_a_noise_verdict_explains_only_within_the_measured_spread(monkeypatch):
         assert f"with the released code's spread ± {spread:.2f}: {'✓ within' if explained else '✗ outside'}" in lines
 
 
+def test_a_threshold_verdict_recounts_each_run_at_the_shifted_threshold(tmp_path, monkeypatch):
+    """Three runs whose curves reach 97.5 at round 3, sit at 97.6 until round 10 and reach 98.0 at round 11: the count
+    (3 against the paper's 11) is outside; re-counted at 97.5 + 0.3 every run says 11 (explained), at 97.5 + 0.05
+    4 (not explained), at 97.5 + 0.7 no run gets there (never: not explained)."""
+    from fedbench.report import scoreboard as sb
+    monkeypatch.setattr(sb, "has_reference", lambda paper, table: True)
+    curve = [90.0, 95.0, 97.5] + [97.6] * 7 + [98.0] * 5
+    runs = []
+    for seed in range(3):
+        d = tmp_path / f"run{seed}"
+        write_csv_atomic(d / "history.csv", [{"round": i + 1, "accuracy": a + 0.01 * seed} for i, a in enumerate(curve)])
+        runs.append({"dataset": "d", "partition": "a", "column": "97.5", "threshold": 97.5, "method": "fedlap",
+                     "status": "ok", "record_dir": str(d), "seed": seed})
+    runs.append({**runs[0], "status": "failed", "record_dir": str(tmp_path / "gone")})   # never read
+    runs.append({**runs[0], "method": "fedavg", "record_dir": str(tmp_path / "gone")})   # another method's run
+    summary = pd.DataFrame([{"dataset": "d", "partition": "a", "column": "97.5", "method": "fedlap", "n": 3,
+                             "mean": 3.0, "std": 0.0, "paper": 11.0, "metric": "rounds_to_acc"}])
+    meta = {"rows": ["dataset", "partition"], "profiles": {"paper": {"sweep": {"seed": [0, 1, 2]}}},
+            "paper": "p", "id": "table3"}
+    colls = {"p_table3": {"meta": meta, "summary": summary, "runs": pd.DataFrame(runs),
+                          "entry": {"suffix": None, "profile": "paper"}, "metric": "rounds_to_acc"}}
+    for shift, mean, explained in ((0.3, "11.00", True), (0.05, "4.00", False), (0.7, "—", False)):
+        verdicts = [{"paper": "p", "table": "table3", "methods": ["fedlap"], "verdict": "threshold", "shift": shift,
+                     "anchor": "p-table3"}]
+        cells = scoreboard_cells(colls, verdicts)
+        assert cells[["cell", "within", "verdict", "explained"]].values.tolist() == \
+            [["d/a/97.5", False, "threshold", explained]]
+        lines = "\n".join(sb._gaps(cells, colls, verdicts, {"p-table3"}))
+        assert (f"re-counted at accuracy ≥ {97.5 + shift:g} (shift {shift:+g}): {mean} "
+                f"{'✓ within' if explained else '✗ outside'}") in lines
+
+
 def test_verdict_entries_are_checked_in_one_line():
     from fedbench.report.scoreboard import check_verdicts
     good = {"paper": "p", "table": "t", "verdict": "open", "anchor": "p-t"}
@@ -343,6 +375,9 @@ def test_verdict_entries_are_checked_in_one_line():
                      ({**good, "spread": 4.0}, "goes with verdict 'noise'"),
                      ({**good, "verdict": "noise", "spread": -1}, "positive number"),
                      ({**good, "verdict": "noise", "spread": "big"}, "positive number"),
+                     ({**good, "verdict": "threshold"}, "goes with verdict 'threshold'"),
+                     ({**good, "shift": 0.3}, "goes with verdict 'threshold'"),
+                     ({**good, "verdict": "threshold", "shift": "up"}, "number of points"),
                      ({**good, "cell": "d/a"}, "unknown keys")):
         with pytest.raises(FedbenchError, match=msg):
             check_verdicts([good, bad])
