@@ -121,6 +121,14 @@ def base_method(label: str) -> str:
     return str(label).split("(")[0]
 
 
+def _cell_name(c: Dict[str, Any], r: Dict[str, Any]) -> str:
+    """A cell as the scoreboard prints it ("mnist/heterog/10/97.5"): the collection's row keys (and its column)
+    of a summary row or of a run row."""
+    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
+    keys += ["column"] if "column" in c["summary"] else []
+    return "/".join(norm_key(r.get(k)) for k in keys)
+
+
 def _reading_cell(colls: dict, name: str, cell: str, method: str):
     """The same cell in the reading's collection: (mean, within) or None when it did not run there. A method whose
     reading spells out its parameters ("fedprox(mu=0.01)" for "fedprox") is found under that one label."""
@@ -128,9 +136,7 @@ def _reading_cell(colls: dict, name: str, cell: str, method: str):
     if c is None:
         raise FedbenchError(f"verdict reading {name!r} is not a committed collection (results/collections.yaml)")
     paper_n = paper_seeds(c["meta"])
-    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
-    keys += ["column"] if "column" in c["summary"] else []
-    rows = [r for r in c["summary"].to_dict("records") if "/".join(norm_key(r.get(k)) for k in keys) == cell]
+    rows = [r for r in c["summary"].to_dict("records") if _cell_name(c, r) == cell]
     hit = [r for r in rows if r["method"] == method] or \
         [r for r in rows if base_method(r["method"]) == method and r["method"] != method]
     if len(hit) != 1 or int(hit[0]["n"]) == 0 or hit[0].get("paper") is None or pd.isna(hit[0].get("paper")):
@@ -146,12 +152,9 @@ def _threshold_recount(colls: dict, name: str, cell: str, method: str, shift: fl
     runs = c.get("runs")
     if runs is None or not len(runs) or "threshold" not in runs:
         return None
-    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
-    keys += ["column"] if "column" in c["summary"] else []
     rounds, never, threshold = [], 0, None
     for r in runs.to_dict("records"):
-        if r["status"] != "ok" or r["method"] != method or pd.isna(r.get("threshold")) or \
-                "/".join(norm_key(r.get(k)) for k in keys) != cell:
+        if r["status"] != "ok" or r["method"] != method or pd.isna(r.get("threshold")) or _cell_name(c, r) != cell:
             continue
         threshold = float(r["threshold"]) + float(shift)
         first = first_round_reaching(read_history(Path(r["record_dir"]) / "history.csv"), threshold, "accuracy")
@@ -598,8 +601,6 @@ def scoreboard_cells(colls: dict, verdicts: list | None = None) -> pd.DataFrame:
         for name in names:
             c = colls[name]
             paper_n = paper_seeds(c["meta"])
-            keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in c["summary"]]
-            keys += ["column"] if "column" in c["summary"] else []
             for r in c["summary"].to_dict("records"):
                 if r.get("paper") is None or pd.isna(r.get("paper")) or is_cost(r.get("metric")):
                     continue
@@ -607,7 +608,7 @@ def scoreboard_cells(colls: dict, verdicts: list | None = None) -> pd.DataFrame:
                 if ok is None:
                     continue
                 row = {"paper": paper, "table": table, "collection": name,
-                       "cell": "/".join(norm_key(r.get(k)) for k in keys), "method": r["method"],
+                       "cell": _cell_name(c, r), "method": r["method"],
                        "metric": r.get("metric") if isinstance(r.get("metric"), str) else c["metric"],
                        "ours": round(float(r["mean"]), 4) if not pd.isna(r["mean"]) else None,
                        "n": int(r["n"]), "never": int(r.get("never") or 0), "paper_value": float(r["paper"]),
