@@ -190,22 +190,6 @@ def test_falls_then_rises_claims_need_an_interior_minimum_beyond_noise():
          for w, m in zip((1, 2, 4, 8, 16), (3.0, 4.0, 1.0, 2.0, 3.0))]), "meta": meta}})[0] == "not reproduced"
 
 
-def test_committed_scoreboard_is_up_to_date(tmp_path, monkeypatch):
-    """results/REPRODUCTION.md is what `make tables` makes from the committed records (regenerate it if this fails)."""
-    monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
-    committed = (ROOT / "results" / "REPRODUCTION.md").read_text()
-    colls = collection_summaries(ROOT / "results", tmp_path / "no_outputs")
-    assert render(ROOT / "results", tmp_path / "no_outputs", colls) == committed
-    # the figure's data, cell by cell, counts what the scoreboard counts
-    cells = scoreboard_cells(colls, load_campaign(ROOT / "results").get("verdicts"))
-    data = ROOT / "results" / FIGURE.replace(".png", "_data.csv")
-    assert cells.to_csv(index=False) == data.read_text()
-    total = committed.split("| **all** |")[1].split("\n")[0].split("|")
-    run, full, within, outside = (int(total[k]) for k in (3, 4, 5, 6))   # paper, on data here, need a GPU, run, ...
-    assert (len(cells), int(cells["all_seeds"].sum()), int(cells["within"].sum())) == (run, full, within)
-    assert len(cells) - int(cells["within"].sum()) == outside
-
-
 def test_scoreboard_figure_marks_each_cell(tmp_path):
     cells = pd.DataFrame([
         {"paper": "p", "table": "table1", "collection": "p_table1", "cell": "a", "method": "x", "metric": "accuracy",
@@ -221,8 +205,11 @@ def test_scoreboard_figure_marks_each_cell(tmp_path):
     assert list(back["within"]) == [True, False, False] and back["ours"].isna().tolist() == [False, False, True]
 
 
-def test_every_committed_table_is_regenerated_from_committed_records(tmp_path, monkeypatch):
-    """Each table listed in results/collections.yaml equals what collect makes from results/records alone."""
+def test_committed_tables_and_scoreboard_are_regenerated_from_committed_records(tmp_path, monkeypatch):
+    """Each table listed in results/collections.yaml equals what collect makes from results/records alone, and
+    results/REPRODUCTION.md is what `make tables` makes from them (regenerate it if this fails). One test, not two:
+    the scoreboard reads the tables' sweeps again, and in one process it reuses their compositions (sweep_configs),
+    most of its cost; pytest-xdist would otherwise put the two on different workers."""
     monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
     entries = read_collections(ROOT / "results" / COLLECTIONS)
     assert entries, "no committed collections"
@@ -233,6 +220,17 @@ def test_every_committed_table_is_regenerated_from_committed_records(tmp_path, m
     listed = {f"{e['name']}.md" for e in entries}
     on_disk = {p.name for p in (ROOT / "results" / "tables").glob("*.md")}
     assert on_disk <= listed, f"tables not made from committed records: {sorted(on_disk - listed)}"
+    committed = (ROOT / "results" / "REPRODUCTION.md").read_text()
+    colls = collection_summaries(ROOT / "results", tmp_path / "no_outputs")
+    assert render(ROOT / "results", tmp_path / "no_outputs", colls) == committed
+    # the figure's data, cell by cell, counts what the scoreboard counts
+    cells = scoreboard_cells(colls, load_campaign(ROOT / "results").get("verdicts"))
+    data = ROOT / "results" / FIGURE.replace(".png", "_data.csv")
+    assert cells.to_csv(index=False) == data.read_text()
+    total = committed.split("| **all** |")[1].split("\n")[0].split("|")
+    run, full, within, outside = (int(total[k]) for k in (3, 4, 5, 6))   # paper, on data here, need a GPU, run, ...
+    assert (len(cells), int(cells["all_seeds"].sum()), int(cells["within"].sum())) == (run, full, within)
+    assert len(cells) - int(cells["within"].sum()) == outside
 
 
 def test_scoreboard_columns_nest():
