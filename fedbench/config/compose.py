@@ -96,7 +96,10 @@ def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, *, with_
     """``compose('config', overrides)``; ``with_hydra`` keeps the ``hydra`` node (group choices, sweeper)."""
     from hydra import compose, initialize_config_dir
 
+    from fedbench.config import file_cache
+
     register_resolvers()
+    file_cache.install()
     overrides = allow_pretrained(overrides)
     check_group_overrides(overrides, conf_dir)
     parse_overrides(overrides)

@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""Composition speed: Hydra composes with its own file loaders vs with fedbench.config.file_cache.
+
+    python scripts/bench_compose.py                 # the runs of FedLap Table 1 and FedLPA Table 6, 3 rounds each
+    python scripts/bench_compose.py --presets fedbens/table1 --rounds 5
+
+Tables, the scoreboard, sweep planning and many tests compose hundreds of runs in one process. Hydra reads and
+parses every config file again on each compose; the cache keeps each parsed file and hands Hydra a copy. Both
+variants compose the same runs in the same process, alternating round by round, timed in CPU seconds
+(``time.process_time``), and must give identical configs. Prints CPU seconds per compose and the ratio; never a
+pass/fail. Other work on the machine skews wall time more than CPU time, but still: compare on the same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from omegaconf import OmegaConf
+
+
+def _loaders():
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.config_source import ConfigSource
+
+    return [c for c in Plugins.instance().discover(ConfigSource) if hasattr(c.load_config, "__wrapped__")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="+", default=["fedlap/table1", "fedlpa/table6"])
+    ap.add_argument("--runs", type=int, default=40, help="runs per preset (the first N of its paper profile)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    from fedbench.config.compose import compose_config
+    from fedbench.launch.sweep import expand_sweep
+
+    runs = [r for p in args.presets for r in expand_sweep([f"experiment={p}", "profile=paper"])[:args.runs]]
+    compose_config(runs[0])   # installs the cache, imports Hydra's plugins
+    cached = {c: c.load_config for c in _loaders()}
+    plain = {c: c.load_config.__wrapped__ for c in cached}
+
+    def timed(loaders):
+        for cls, fn in loaders.items():
+            cls.load_config = fn
+        t = time.process_time()
+        out = [OmegaConf.to_yaml(compose_config(r), resolve=False) for r in runs]
+        return time.process_time() - t, out
+
+    secs = {"hydra": [], "cached": []}
+    for _ in range(args.rounds):
+        for name, loaders in (("hydra", plain), ("cached", cached)):
+            s, out = timed(loaders)
+            secs[name].append(s)
+            if name == "hydra":
+                reference = out
+            elif out != reference:
+                raise SystemExit("the cached compositions differ from Hydra's own")
+    per = {k: min(v) / len(runs) for k, v in secs.items()}
+    print(f"{len(runs)} runs of {', '.join(args.presets)}, best of {args.rounds} rounds, CPU s per compose:")
+    print(f"  hydra's loaders  {per['hydra']:.3f}")
+    print(f"  file_cache       {per['cached']:.3f}")
+    print(f"  ratio hydra / cached: {per['hydra'] / per['cached']:.2f}x (identical configs)")
+
+
+if __name__ == "__main__":
+    main()
