@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedbench.config import CONF_DIR
+from fedbench.config import CONF_DIR, file_cache
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id, is_complete
 
@@ -95,8 +95,6 @@ def _parse_error(arg: str, exc: Exception) -> str:
 def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, *, with_hydra: bool = False) -> DictConfig:
     """``compose('config', overrides)``; ``with_hydra`` keeps the ``hydra`` node (group choices, sweeper)."""
     from hydra import compose, initialize_config_dir
-
-    from fedbench.config import file_cache
 
     register_resolvers()
     file_cache.install()
