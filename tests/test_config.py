@@ -46,3 +46,19 @@ def test_defaults_and_run_dir():
     # the run directory is the run_id: changes with what is computed, not with hardware
     assert _compose(["hardware=cpu"]).hydra.run.dir == run_dir
     assert _compose(["seed=1"]).hydra.run.dir != run_dir
+
+
+@pytest.mark.parametrize("arg, start", [("local.lr=[1,2", "cannot parse override 'local.lr=[1,2'"),
+                                        ("seed={a:", "cannot parse override 'seed={a:'"),
+                                        ("=3", "override '=3' has no key"),
+                                        ("bare", "override 'bare' is not key=value"),
+                                        ("foo=1", "unknown config key 'foo'")])
+def test_compose_config_names_a_malformed_or_unknown_override_in_one_line(arg, start):
+    """compose_config lets Hydra parse the overrides and parses them itself only when Hydra fails, so a grammar
+    error still reads as fedbench's one line naming the override, not Hydra's listing."""
+    from fedbench.config.compose import compose_config
+    from fedbench.errors import FedbenchError
+
+    with pytest.raises(FedbenchError) as err:
+        compose_config(["seed=1", arg])
+    assert str(err.value).startswith(start) and "\n" not in str(err.value)

@@ -100,13 +100,13 @@ def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, *, with_
     file_cache.install()
     overrides = allow_pretrained(overrides)
     check_group_overrides(overrides, conf_dir)
-    parse_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             return compose("config", overrides=overrides, return_hydra_config=with_hydra)
     except FedbenchError:
         raise
     except Exception as e:
+        parse_overrides(overrides)   # a malformed override: its own line (parsed only here, Hydra parsed them all)
         raise FedbenchError(composition_error(e, overrides, conf_dir)) from None
 
 
