@@ -18,13 +18,6 @@ import time
 from omegaconf import OmegaConf
 
 
-def _loaders():
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.config_source import ConfigSource
-
-    return [c for c in Plugins.instance().discover(ConfigSource) if hasattr(c.load_config, "__wrapped__")]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", nargs="+", default=["fedlap/table1", "fedlpa/table6"])
@@ -33,11 +26,12 @@ def main() -> None:
     args = ap.parse_args()
 
     from fedbench.config.compose import compose_config
+    from fedbench.config.file_cache import cached_sources
     from fedbench.launch.sweep import expand_sweep
 
     runs = [r for p in args.presets for r in expand_sweep([f"experiment={p}", "profile=paper"])[:args.runs]]
     compose_config(runs[0])   # installs the cache, imports Hydra's plugins
-    cached = {c: c.load_config for c in _loaders()}
+    cached = {c: c.load_config for c in cached_sources()}
     plain = {c: c.load_config.__wrapped__ for c in cached}
 
     def timed(loaders):

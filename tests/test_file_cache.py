@@ -13,12 +13,8 @@ from fedbench.results.records import compute_run_id
 
 def _uncached(monkeypatch):
     """Hydra's own loaders, as they were before install()."""
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.config_source import ConfigSource
-
-    for cls in Plugins.instance().discover(ConfigSource):
-        if hasattr(cls.load_config, "__wrapped__"):
-            monkeypatch.setattr(cls, "load_config", cls.load_config.__wrapped__)
+    for cls in file_cache.cached_sources():
+        monkeypatch.setattr(cls, "load_config", cls.load_config.__wrapped__)
 
 
 def _runs():

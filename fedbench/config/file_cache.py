@@ -36,16 +36,25 @@ def _cached(load):
     return load_config
 
 
+def _hydra_sources() -> list:
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.config_source import ConfigSource
+
+    # Hydra imports its plugin modules itself, so its sources are the classes its registry names
+    return [cls for cls in Plugins.instance().discover(ConfigSource) if cls.scheme() in ("file", "pkg")]
+
+
 def install() -> None:
     """Wrap the loaders of Hydra's file and package config sources (idempotent)."""
     global _INSTALLED
     if _INSTALLED:
         return
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.config_source import ConfigSource
-
-    # Hydra imports its plugin modules itself, so its sources are the classes its registry names
-    for cls in Plugins.instance().discover(ConfigSource):
-        if cls.scheme() in ("file", "pkg"):
-            cls.load_config = _cached(cls.load_config)
+    for cls in _hydra_sources():
+        cls.load_config = _cached(cls.load_config)
     _INSTALLED = True
+
+
+def cached_sources() -> list:
+    """Hydra's file and package config-source classes, their loaders wrapped (Hydra's own is ``__wrapped__``)."""
+    install()
+    return _hydra_sources()
