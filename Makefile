@@ -37,7 +37,8 @@ test-all: install
 # Speed on this machine, ratios only (never pass/fail): training GFLOP/s against a measured peak (contiguous vs
 # channels-last vs torch.compile step, compile time printed); serial vs serial channels-last vs batched
 # training vs a plain DataLoader loop; curvature / one epoch; FedLPA's GD server (float32, float64); a sweep with one
-# job vs N jobs at once; Hydra composition with and without fedbench's parsed-file cache. ARGS go to bench_engine.py.
+# job vs N jobs at once; Hydra composition with and without fedbench's parsed-file cache; a table's second read with and
+# without the resolved-run cache. ARGS go to bench_engine.py.
 bench: install
 	$(PY) scripts/bench_throughput.py --compile
 	$(PY) scripts/bench_engine.py $(ARGS)
@@ -45,6 +46,7 @@ bench: install
 	$(PY) scripts/bench_fedlpa_gd.py --steps 1000 --repeats 2
 	$(PY) scripts/bench_sweep.py
 	$(PY) scripts/bench_compose.py
+	$(PY) scripts/bench_tables.py
 
 # One command per paper table: make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
 EXP     ?=

@@ -366,6 +366,31 @@ def test_reseeded_compositions_equal_real_ones_and_a_mismatch_falls_back(monkeyp
     T.sweep_configs.cache_clear()
 
 
+def test_resolved_run_cache_follows_the_seed_and_equals_a_fresh_resolution():
+    """A table read twice reuses each shared run's resolved config and run id; the cache is keyed by the config and
+    its seed (``seeded`` sets it in place), so a reseeded read gets that seed's resolution and id, equal to resolving
+    the config afresh; a run config that is not shared (a tuned run) is never cached."""
+    from omegaconf import OmegaConf
+    from fedbench.report import tables as T
+    runs = expand_sweep(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist", "partition.alpha=0.1"])
+    entries = [e for e in T._compose_sweep(runs, CONF_DIR, reuse_seeds=True)]
+    T._RESOLVED.clear()
+    seen = {}
+    for _ in range(2):   # the second pass reads the cache
+        for e in entries:
+            with T.seeded(e) as (_, subs):
+                for sub in subs:
+                    c, rid = T.resolved_run(sub, shared=True)
+                    assert c == OmegaConf.to_container(sub, resolve=True) and c["seed"] == sub.seed
+                    assert rid == compute_run_id(sub)
+                    assert seen.setdefault((id(sub), sub.seed), (id(c), rid)) == (id(c), rid)   # one resolution
+    assert len(T._RESOLVED) == len(seen) and len({rid for _, rid in seen.values()}) == len(seen)
+    tuned = OmegaConf.create(OmegaConf.to_container(entries[0][1][0]))
+    before = len(T._RESOLVED)
+    assert T.resolved_run(tuned, shared=False)[1] == compute_run_id(tuned) and len(T._RESOLVED) == before
+    T._RESOLVED.clear()
+
+
 def test_a_metric_no_record_has_is_one_line_and_writes_nothing(tmp_path):
     from fedbench.errors import FedbenchError
     from fedbench.report.tables import collect

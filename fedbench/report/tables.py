@@ -18,6 +18,7 @@ table (FedDyn's weight decay).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -252,6 +253,32 @@ def _containers(pair: tuple) -> list:
     return [OmegaConf.to_container(c, resolve=False) for c in (pair[0], *pair[1])]
 
 
+# (a shared sweep config, its seed) -> (that config, its resolved container, its run id). The configs of
+# sweep_configs are read-only and only their seed changes (``seeded``), so a table read twice in one process
+# (`make tables`, then the scoreboard) resolves each run once; resolving was a third of the scoreboard's CPU time.
+# The value holds the config itself, so its id cannot be reused while the entry lives.
+_RESOLVED: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_RESOLVED_MAX = 40_000
+
+
+def resolved_run(sub, shared: bool) -> tuple:
+    """(resolved container, run id) of a run config; cached when ``shared`` (a sweep_configs config, read-only but
+    for its seed). The container is shared too: callers read it, never change it."""
+    if not shared:
+        c = OmegaConf.to_container(sub, resolve=True)
+        return c, compute_run_id(c)
+    key = (id(sub), sub.seed)
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is sub:
+        _RESOLVED.move_to_end(key)
+        return hit[1], hit[2]
+    c = OmegaConf.to_container(sub, resolve=True)
+    _RESOLVED[key] = (sub, c, compute_run_id(c))
+    if len(_RESOLVED) > _RESOLVED_MAX:
+        _RESOLVED.popitem(last=False)
+    return c, _RESOLVED[key][2]
+
+
 def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optional[Path] = None) -> pd.DataFrame:
     """One row per (run of the table's sweep, aggregator): keys, method, run_id, status, metrics.
 
@@ -268,9 +295,8 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
                 meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
                 specs = column_specs(meta)   # a bad declaration fails before any record is read
             for sub in subs:
-                sub, chosen, sel_path = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
-                c = OmegaConf.to_container(sub, resolve=True)
-                rid = compute_run_id(sub)
+                run, chosen, sel_path = tuned_run(sub, cfg, output_root)   # tuning=on: the final run of the selection
+                c, rid = resolved_run(run, shared=run is sub)
                 rec = load_record(output_root, rid) if chosen != "not tuned yet" else {}
                 status = rec.get("status", "missing")
                 if status == "ok" and not is_current(rec):   # made by older numerics: never mixed into a cell
