@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -28,14 +29,16 @@ from fedbench.models import MODELS, count_parameters
 from fedbench.partition import PARTITIONS
 from fedbench.results.claims import claim
 from fedbench.results.loggers import make_logger
-from fedbench.results.records import (compute_run_id, identity_config, is_complete, read_record, records_dir,
-                                      write_csv_atomic, write_json_atomic, write_torch_atomic)
+from fedbench.results.records import (atomic_write_bytes, compute_run_id, identity_config, is_complete, read_record,
+                                      records_dir, write_csv_atomic, write_json_atomic, write_torch_atomic)
 from fedbench.results.schema import HISTORY_COLUMNS, RoundLog, final_metrics, totals
 from fedbench.results.summaries import summarize
 from fedbench.fl.map_reference import first_round_within
 from fedbench.run.setup import (RunSetup, build_setup, config_group, resolve_backend, resolve_device,
                                  tuning_val_config)
 
+
+TRACEBACK_FILE = "traceback.txt"   # beside a record that failed on an unexpected exception (not bad input)
 
 
 def validate(cfg: DictConfig, launch_dir: Optional[str] = None) -> None:
@@ -176,7 +179,7 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
                       prior_cpu + time.process_time() - cpu_start, resumed_after, started)
 
     curv_t0 = curvature_seconds()
-    status, error, final_state, saved = "failed", None, None, {}
+    status, error, final_state, saved, trace_text = "failed", None, None, {}, None
     round1_clients = []   # save_model of a one-shot run: the client weights the aggregator received
     keep_clients = save_model and int(cfg.rounds) == 1
     try:
@@ -194,6 +197,8 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
         raise
     except Exception as e:  # record the failure, then let it surface
         error = f"{type(e).__name__}: {e}"
+        if not isinstance(e, FedbenchError):   # a bug, not bad input: keep where it happened beside the record
+            trace_text = traceback.format_exc()
         raise
     finally:
         logger.finish(status)
@@ -205,7 +210,13 @@ def _train_and_record(cfg: DictConfig, out: Path, run: RunSetup, algo, t_start: 
         record = _record(cfg, run, config, history, status, error, timing, saved, started)
         if resumed_after:
             record["resumed_after_rounds"] = resumed_after   # the rounds it went on after, one per restart
-        _write_record(out, record, history, final_state)
+        if trace_text:
+            record["traceback"] = TRACEBACK_FILE
+        if _write_record(out, record, history, final_state):   # the traceback belongs to the record written
+            if trace_text:
+                atomic_write_bytes(out / TRACEBACK_FILE, trace_text.encode())
+            elif (out / TRACEBACK_FILE).exists():
+                (out / TRACEBACK_FILE).unlink()
         if status == "ok" and ckpt is not None:
             ckpt.discard()
     return record
@@ -260,17 +271,19 @@ def _record(cfg: DictConfig, run: RunSetup, config: Dict[str, Any], history: Lis
     }
 
 
-def _write_record(out: Path, record: Dict[str, Any], history: List[Dict[str, Any]], final_state) -> None:
-    """metrics.json, history.csv (and a method's trace.csv); a failed rerun never overwrites a completed record."""
+def _write_record(out: Path, record: Dict[str, Any], history: List[Dict[str, Any]], final_state) -> bool:
+    """metrics.json, history.csv (and a method's trace.csv); a failed rerun never overwrites a completed record
+    (False: nothing written)."""
     rec_path = out / "metrics.json"
     if record["status"] != "ok" and is_complete(rec_path, current=False):
-        return
+        return False
     extra = [k for h in history for k in h if k not in HISTORY_COLUMNS]
     write_csv_atomic(out / "history.csv", history, list(HISTORY_COLUMNS) + list(dict.fromkeys(extra)))
     trace = (final_state or {}).get("trace")
     if record["status"] == "ok" and trace:   # a method's per-step/epoch server trace of its last round (e.g. DENSE's epochs)
         write_csv_atomic(out / "trace.csv", list(trace))
     write_json_atomic(rec_path, record)
+    return True
 
 
 def map_summary(cfg: DictConfig, history: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -337,7 +350,8 @@ def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, laun
             records.append(execute(sub, run_dir, launch_dir=launch_dir, memory_cache=memory))
         except Exception as e:   # KeyboardInterrupt still ends the job
             reason = str(e) if isinstance(e, FedbenchError) else f"{type(e).__name__}: {e}"
-            print(f"fedbench: error: {sub.algorithm.name}: {reason}", file=sys.stderr)
+            where = f" (traceback: {run_dir / TRACEBACK_FILE})" if (run_dir / TRACEBACK_FILE).is_file() else ""
+            print(f"fedbench: error: {sub.algorithm.name}: {reason}{where}", file=sys.stderr)
             records.append(_failure_record(sub, run_dir, reason))
             failed.append(sub.algorithm.name)
     write_json_atomic(Path(output_dir) / "aggregators.json",

@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""Composition speed: Hydra composes with its own file loaders vs with fedbench.config.file_cache.
+"""Composition speed: Hydra composes with its own file loaders, with fedbench.config.file_cache, and with the
+shared base composition as well (compose_config's default).
 
     python scripts/bench_compose.py                 # the runs of FedLap Table 1 and FedLPA Table 6, 3 rounds each
     python scripts/bench_compose.py --presets fedbens/table1 --rounds 5
 
 Tables, the scoreboard, sweep planning and many tests compose hundreds of runs in one process. Hydra reads and
-parses every config file again on each compose; the cache keeps each parsed file and hands Hydra a copy. Both
-variants compose the same runs in the same process, alternating round by round, timed in CPU seconds
+parses every config file again on each compose; the cache keeps each parsed file and hands Hydra a copy. Runs
+that differ only in values (seed, partition.spec) share one base composition of their group choices, to which
+Hydra's own override step applies the values; each round starts with no base composed, as a fresh process does.
+The variants compose the same runs in the same process, alternating round by round, timed in CPU seconds
 (``time.process_time``), and must give identical configs. Prints CPU seconds per compose and the ratio; never a
 pass/fail. Other work on the machine skews wall time more than CPU time, but still: compare on the same machine.
 """
@@ -25,6 +28,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
+    from fedbench.config import compose as composing
     from fedbench.config.compose import compose_config
     from fedbench.config.file_cache import cached_sources
     from fedbench.launch.sweep import expand_sweep
@@ -34,27 +38,36 @@ def main() -> None:
     cached = {c: c.load_config for c in cached_sources()}
     plain = {c: c.load_config.__wrapped__ for c in cached}
 
-    def timed(loaders):
+    shared_base = composing._from_shared_base
+
+    def timed(loaders, share: bool):
         for cls, fn in loaders.items():
             cls.load_config = fn
+        composing._from_shared_base = shared_base if share else (lambda *a: None)
+        composing._BASES.clear()
         t = time.process_time()
         out = [OmegaConf.to_yaml(compose_config(r), resolve=False) for r in runs]
         return time.process_time() - t, out
 
-    secs = {"hydra": [], "cached": []}
+    variants = (("hydra", plain, False), ("cached", cached, False), ("shared", cached, True))
+    secs = {name: [] for name, _, _ in variants}
     for _ in range(args.rounds):
-        for name, loaders in (("hydra", plain), ("cached", cached)):
-            s, out = timed(loaders)
+        for name, loaders, share in variants:
+            s, out = timed(loaders, share)
             secs[name].append(s)
             if name == "hydra":
                 reference = out
             elif out != reference:
-                raise SystemExit("the cached compositions differ from Hydra's own")
+                raise SystemExit(f"the {name} compositions differ from Hydra's own")
+    composing._from_shared_base = shared_base
     per = {k: min(v) / len(runs) for k, v in secs.items()}
     print(f"{len(runs)} runs of {', '.join(args.presets)}, best of {args.rounds} rounds, CPU s per compose:")
-    print(f"  hydra's loaders  {per['hydra']:.3f}")
-    print(f"  file_cache       {per['cached']:.3f}")
-    print(f"  ratio hydra / cached: {per['hydra'] / per['cached']:.2f}x (identical configs)")
+    print(f"  hydra's loaders          {per['hydra']:.3f}")
+    print(f"  file_cache               {per['cached']:.3f}")
+    print(f"  file_cache + shared base {per['shared']:.3f}")
+    print(f"  ratios: hydra / file_cache {per['hydra'] / per['cached']:.2f}x, file_cache / shared base "
+          f"{per['cached'] / per['shared']:.2f}x, hydra / shared base {per['hydra'] / per['shared']:.2f}x "
+          f"(identical configs)")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""fedbench.config.file_cache keeps Hydra's parsed config files between compositions: the compositions must equal
-Hydra's own, an edited file must be read again, and what Hydra changes in a loaded file must not leak into the next."""
+"""fedbench.config.file_cache keeps Hydra's parsed config files between compositions, and compose_config shares one
+base composition among runs with the same group choices: the compositions must equal Hydra's own, an edited file
+must be read again, and what Hydra changes in a loaded file must not leak into the next."""
 import shutil
 
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from fedbench.config import CONF_DIR, file_cache
-from fedbench.config.compose import compose_config
+from fedbench.config import CONF_DIR, compose as composing, file_cache
+from fedbench.config.compose import allow_pretrained, compose_config
 from fedbench.launch.sweep import expand_sweep
 from fedbench.results.records import compute_run_id
 
@@ -49,3 +51,37 @@ def test_an_edited_file_is_read_again_and_hydras_edits_do_not_leak(tmp_path):
     assert compose_config(["algorithm=fedprox"], conf).algorithm.mu == pytest.approx(0.123456)
     path.write_text(text)
     assert compose_config(["algorithm=fedprox"], conf).algorithm.mu == first.algorithm.mu
+
+
+VALUE_OVERRIDES = [
+    ["experiment=fedlpa/table6", "profile=paper", "seed=1", "partition.spec='beta=0.01'"],
+    ["seed=2", "experiment=fedlpa/table6", "partition.spec='beta=0.01'", "profile=paper"],   # values before groups
+    ["experiment=fedlap/table1", "profile=paper", "dataset=fmnist", "num_clients=100",
+     "aggregators=[{name:fedlap_func,delta:0.5},fedavg]"],
+    ["algorithm=fedprox", "+extra.note=hi", "++seed=3", "eval={every:2}", "~eval.thresholds"],   # add, force, merge, delete
+    ["model=lenet", "model.pretrained=ckpt.pt", "algorithm.mu=0.5", "algorithm=fedprox"],  # ++pretrained, value first
+]
+
+
+@pytest.mark.parametrize("overrides", VALUE_OVERRIDES, ids=lambda o: " ".join(o)[:40])
+def test_a_shared_base_with_value_overrides_equals_hydras_composition(overrides):
+    ours = compose_config(overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydra = compose("config", overrides=allow_pretrained(overrides))
+    assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(hydra)
+    assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(hydra)
+    assert compute_run_id(ours) == compute_run_id(hydra)
+
+
+def test_runs_that_differ_in_values_share_one_base_and_do_not_share_edits(monkeypatch):
+    monkeypatch.setattr(composing, "_BASES", type(composing._BASES)())
+    runs = [["experiment=fedlpa/table6", "profile=paper", f"seed={s}", f"partition.spec='beta={b}'"]
+            for s in (0, 1) for b in (0.1, 0.5)]
+    cfgs = [compose_config(r) for r in runs]
+    assert len(composing._BASES) == 1
+    assert [(c.seed, c.partition.spec) for c in cfgs] == [(0, "beta=0.1"), (0, "beta=0.5"), (1, "beta=0.1"),
+                                                         (1, "beta=0.5")]
+    cfgs[0].local.epochs = 999                                   # a caller's edit stays in its own copy
+    assert compose_config(runs[0]).local.epochs != 999
+    compose_config(["experiment=fedlpa/table6", "dataset=mnist", "seed=0"])   # another group choice: another base
+    assert len(composing._BASES) == 2

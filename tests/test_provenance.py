@@ -87,3 +87,33 @@ def test_cache_false_still_trains_a_lists_clients_once(tmp_path):
     assert recs["fednova"]["cache"]["hits"] >= 1 and recs["fednova"]["cache"]["misses"] == 0
     assert recs["scaffold"]["metrics"]["accuracy"] == recs["fedavg"]["metrics"]["accuracy"]
     assert not (tmp_path / "out" / "cache").exists()   # nothing written to disk
+
+
+def test_an_unexpected_exception_leaves_its_traceback_beside_the_failed_record(tmp_path, monkeypatch, capsys):
+    """A bug (not bad input) in one aggregator: its failed record names traceback.txt, which holds the frame that
+    raised, the printed line points to it, the other aggregator still finishes; a later ok run removes the file."""
+    import pytest
+
+    from fedbench.algorithms.fedavg import FedAvg
+    from fedbench.errors import FedbenchError
+    from fedbench.launch.sweep import CONF_DIR, compose_run, run_dir
+    from fedbench.runner import TRACEBACK_FILE, execute_all
+
+    def broken_aggregate(self, messages, state, round_idx):
+        raise RuntimeError("leading minor not positive-definite")
+
+    cfg = compose_run(SMALL + ["rounds=1", "aggregators=[fedavg,fednova]", f"paths.output_root={tmp_path / 'out'}",
+                               f"paths.data_root={tmp_path / 'data'}"])
+    monkeypatch.setattr(FedAvg, "aggregate", broken_aggregate)
+    with pytest.raises(FedbenchError, match="1 of 2 aggregators failed: fedavg"):
+        execute_all(cfg, run_dir(cfg, str(tmp_path)), CONF_DIR, launch_dir=str(tmp_path))
+    recs = {r["algorithm"]: (r, p.parent) for p in records(tmp_path) for r in [json.loads(p.read_text())]}
+    (failed, where), (ok, ok_dir) = recs["fedavg"], recs["fednova"]
+    assert failed["status"] == "failed" and failed["traceback"] == TRACEBACK_FILE and ok["status"] == "ok"
+    text = (where / TRACEBACK_FILE).read_text()
+    assert "broken_aggregate" in text and text.rstrip().endswith("RuntimeError: leading minor not positive-definite")
+    assert not (ok_dir / TRACEBACK_FILE).exists()
+    assert f"(traceback: {where / TRACEBACK_FILE})" in capsys.readouterr().err
+    monkeypatch.undo()
+    execute_all(cfg, run_dir(cfg, str(tmp_path)), CONF_DIR, launch_dir=str(tmp_path))   # fixed: the rerun is ok
+    assert read_record(where / "metrics.json")["status"] == "ok" and not (where / TRACEBACK_FILE).exists()

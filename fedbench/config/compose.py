@@ -2,7 +2,10 @@
 ``FedbenchError`` line naming the override, the problem and what is allowed."""
 from __future__ import annotations
 
+import copy
+import os
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -102,12 +105,65 @@ def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, *, with_
     check_group_overrides(overrides, conf_dir)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            return compose("config", overrides=overrides, return_hydra_config=with_hydra)
+            cfg = None if with_hydra else _from_shared_base(overrides, conf_dir)
+            return cfg if cfg is not None else compose("config", overrides=overrides, return_hydra_config=with_hydra)
     except FedbenchError:
         raise
     except Exception as e:
         parse_overrides(overrides)   # a malformed override: its own line (parsed only here, Hydra parsed them all)
         raise FedbenchError(composition_error(e, overrides, conf_dir)) from None
+
+
+_BASES: "OrderedDict[tuple, DictConfig]" = OrderedDict()
+_MAX_BASES = 256
+
+
+def _from_shared_base(overrides: Sequence[str], conf_dir: Path) -> Optional[DictConfig]:
+    """Hydra's composition, done in its two steps with the first shared: the group overrides (``dataset=mnist``,
+    ``experiment=...``) alone pick the defaults list and compose a base config, then Hydra's own
+    ``_apply_overrides_to_config`` applies the value overrides (``seed=1``, ``partition.spec=...``) in order to a
+    copy of it, as ``compose`` does after its defaults step. Tables and the scoreboard compose hundreds of runs that
+    differ only in values; the base is composed once per group choice. None (compose as usual) for sweeps, ``hydra.``
+    overrides, anything that does not parse and any override Hydra would reject, so errors keep their own line. A
+    base is keyed by every config file's path, mtime and size: an edited YAML composes again."""
+    from hydra import compose
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:
+        return None
+    repo = GlobalHydra.instance().hydra.config_loader.repository
+    groups, values = [], []
+    for o in parsed:
+        if o.is_sweep_override() or o.is_hydra_override():
+            return None
+        # Hydra's own split (defaults_list.Overrides): a dict value, or a key that is no group, is a value override
+        is_value = isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)
+        (values if is_value else groups).append(o)
+    key = (str(conf_dir), _conf_stamp(conf_dir), tuple(o.input_line for o in groups))
+    base = _BASES.get(key)
+    if base is None:
+        base = compose("config", overrides=[o.input_line for o in groups])
+        _BASES[key] = base
+        if len(_BASES) > _MAX_BASES:
+            _BASES.popitem(last=False)
+    else:
+        _BASES.move_to_end(key)
+    cfg = copy.deepcopy(base)
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    except Exception:
+        return None
+    return cfg
+
+
+def _conf_stamp(conf_dir: Path) -> tuple:
+    return tuple(sorted((os.path.join(root, f), st.st_mtime_ns, st.st_size)
+                        for root, _, files in os.walk(conf_dir) for f in files
+                        for st in [os.stat(os.path.join(root, f))]))
 
 
 def composition_error(exc: Exception, overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> str:
