@@ -437,6 +437,50 @@ def test_round_two_posterior_term_and_fedlpa_then_fedavg():
         assert torch.allclose(st2["params"][n], p[0] * plist[0][n] + p[1] * plist[1][n], rtol=0, atol=1e-12)
 
 
+def test_the_posterior_term_is_unbounded_below_along_opposite_eigendirections():
+    """Ā − A_k and Ḡ − G_k are differences of PSD factors: indefinite for clients with different data. Along
+    D = t·u vᵀ (u, v eigenvectors of Ḡ − G_k, Ā − A_k with eigenvalues of opposite signs) the term is
+    ½ η λ_G λ_A t², negative and growing without bound: the paper's local loss has no minimum there
+    (results/gaps.md#fedlpa-figure2)."""
+    setup = _setup((12, 20))
+    plist = [_client_params(setup, k, k) for k in range(2)]
+    algo = ALGORITHMS.get("fedlpa")({"solver": "ea", "posterior_eta": 0.5}, setup)
+    st = algo.aggregate(_messages(algo, setup, plist), algo.init_state(plist[0]), 1)
+    obj = algo.local_objective(st, [0, 1], 2)
+    ctx = {**obj.shared_ctx, **obj.client_ctx[0]}
+    s = algo.specs[-1]
+    la, va = torch.linalg.eigh(ctx["dA"][s.module])
+    lg, vg = torch.linalg.eigh(ctx["dG"][s.module])
+    assert la[0] < 0 < la[-1], "Ā − A_k is indefinite"
+    ia, ig = (0, -1) if lg[-1] > 0 else (-1, 0)       # opposite signs
+    D = torch.outer(vg[:, ig], va[:, ia])
+    values = []
+    for scale in (1.0, 10.0, 100.0):
+        w = {**st["params"], **s.from_matrix(ctx["M_g"][s.module] + scale * D)}
+        values.append(float(obj.terms[0](w, ctx)))
+    want = [0.5 * 0.5 * float(lg[ig] * la[ia]) * scale ** 2 for scale in (1.0, 10.0, 100.0)]
+    assert values == pytest.approx(want, rel=1e-9) and values[0] < 0
+    released = ALGORITHMS.get("fedlpa")({"solver": "ea", "posterior_term": "detached_as_released"}, setup)
+    assert released.local_objective(st, [0, 1], 2).terms == []      # no gradient: plain local training
+    assert set(released.downlink(st)) == {"params", "A_bar", "G_bar"}  # the clients still hold Ā, Ḡ (logged term)
+
+
+def test_a_client_with_non_finite_weights_is_named_in_one_line():
+    setup = _setup((12, 20))
+    plist = [_client_params(setup, k, k) for k in range(2)]
+    algo = ALGORITHMS.get("fedlpa")({"solver": "ea"}, setup)
+    msgs = _messages(algo, setup, plist)
+    st = algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+    next(iter(msgs[1].payload["params"].values()))[0] = float("nan")
+    with pytest.raises(FedbenchError, match=r"round 2: client\(s\) \[1\] sent non-finite .*posterior_term="
+                                            r"detached_as_released") as e:
+        algo.aggregate(msgs, st, 2)
+    assert "\n" not in str(e.value)
+    with pytest.raises(FedbenchError, match=r"round 1: client\(s\) \[1\] sent non-finite weights or factors "
+                                            r"\(their local training diverged\)$"):
+        algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+
+
 def test_two_rounds_through_the_loop():
     setup = _setup((12, 20), dtype=torch.float32)
     algo = ALGORITHMS.get("fedlpa")({"solver": "cg"}, setup)

@@ -72,6 +72,9 @@ FACTOR_DATA = ("clean", "augmented_as_released")
 SERVER_DTYPES = ("float64", "float32")
 CG_PRECONDITIONERS = ("ea", "none")
 GD_STEPS = ("fixed", "stable")
+# the round >= 2 posterior term (§1.5): differentiable (the paper's local loss) | detached_as_released (the released
+# code evaluates it on net.state_dict(), whose tensors are detached, so it adds no gradient: plain local training)
+POSTERIOR_TERMS = ("differentiable", "detached_as_released")
 STABLE_STEP_FACTOR = 1.0   # gd_step stable: lr ≤ c/L; GD is stable for c < 2, c = 1 is the classic 1/L step
 LANCZOS_STEPS = 30         # matvecs for λ_max(𝒜) (10,000 GD steps make 20,000)
 PI_RULES = ("one", "trace")
@@ -284,7 +287,8 @@ def worst_residual(values) -> float:
 # --------------------------------------------------------------------------------------------------
 class PosteriorTerm:
     """½ η Σ_l sum(D ⊙ (dG D dA)), D = M_local − M_global; ctx: 'M_g' {layer: M_global},
-    per client 'dG' {layer: Ḡ − G_k}, 'dA' {layer: Ā − A_k} (§1.5, as the released code)."""
+    per client 'dG' {layer: Ḡ − G_k}, 'dA' {layer: Ā − A_k} (§1.5, the released code's formula). Ā − A_k and
+    Ḡ − G_k are differences of PSD matrices, indefinite in general, so the term is unbounded below in D."""
 
     def __init__(self, specs: Sequence[LayerSpec], eta: float):
         self.specs = list(specs)
@@ -334,6 +338,7 @@ class FedLPARoundOneOptions:
 @dataclass(frozen=True)
 class FedLPAOptions(FedLPARoundOneOptions):
     posterior_eta: float = option(nonneg=True)
+    posterior_term: str = option(choices=POSTERIOR_TERMS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,6 +361,7 @@ class FedLPA(Algorithm):
         self.factor_data, self.server_dtype = o.factor_data, getattr(torch, o.server_dtype)
         self.curv_bs = o.curvature_batch_size
         self.eta = getattr(o, "posterior_eta", 0.0)   # fedlpa_then_fedavg: no posterior term, no such option
+        self.posterior_term = getattr(o, "posterior_term", "differentiable")
         if self.gd_step == "stable" and self.solver != "gd":
             raise FedbenchError(f"algorithm.gd_step=stable sets the GD solver's step; it needs solver: gd, "
                                 f"got solver: {self.solver}")
@@ -423,7 +429,8 @@ class FedLPA(Algorithm):
                        {"steps": result.steps[pos], "train_loss": result.mean_loss[pos]})
 
     def local_objective(self, state, client_ids, round_idx):
-        if round_idx == 1 or state.get("factor_sums") is None or self.eta == 0.0:
+        if round_idx == 1 or state.get("factor_sums") is None or self.eta == 0.0 \
+                or self.posterior_term == "detached_as_released":   # no gradient from it in the released code
             return LocalObjective()
         dt = next(iter(state["params"].values())).dtype
         M_g = {s.module: s.to_matrix(state["params"]) for s in self.specs}
@@ -502,6 +509,22 @@ class FedLPA(Algorithm):
         layer_info.update(lambda_max=lam, gd_step=lr, gd_clamped=float(lr < self.gd_lr))
         return lr
 
+    def _check_finite(self, messages: List[Message], round_idx: int) -> None:
+        """A client whose local training diverged sends NaN/inf weights or factors; say so in one line (the
+        solve would fail on a Cholesky factorisation that names no client)."""
+        bad = [m.client_id for m in messages
+               if not all(bool(torch.isfinite(t).all()) for part in ("params", "A", "G")
+                          for t in m.payload[part].values())]
+        if not bad:
+            return
+        why = ""
+        if round_idx > 1 and self.eta > 0 and self.posterior_term == "differentiable":
+            why = ("; from round 2 the local loss has the posterior term, whose factors Ā − A_k and Ḡ − G_k are "
+                   "indefinite, so it is unbounded below: algorithm.posterior_term=detached_as_released trains as "
+                   "the released code does (results/gaps.md#fedlpa-figure2), or lower algorithm.posterior_eta")
+        raise FedbenchError(f"{self.name} round {round_idx}: client(s) {bad} sent non-finite weights or factors "
+                            f"(their local training diverged){why}")
+
     def _step_diagnostics(self, info: Dict[str, Dict[str, float]]) -> Tuple[Dict[str, float], List[dict]]:
         """gd_step stable: (scalar metrics, one trace row per layer: λ_max, the step used, its residual)."""
         if self.gd_step != "stable":
@@ -512,6 +535,7 @@ class FedLPA(Algorithm):
                 "gd_min_step": min(r["gd_step"] for r in rows)}, rows
 
     def aggregate(self, messages, state, round_idx):
+        self._check_finite(messages, round_idx)
         out = self.solve(messages)
         ea, sol = out["ea"], out["solution"]
         factors = list(state.get("factors") or [None] * self.setup.num_clients)

@@ -28,7 +28,8 @@ OFF_WHEN_NULL = (("eval", "map_reference"),)
 # of the identity, for the same reason.
 OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),     # FedLPA's GD step (results/gaps.md#fedlpa-table6)
                 ("study", "aux_pool", "other_clients"),   # the GMI study's aux data (gaps.md#fedfisher-table6)
-                ("algorithm", "variant", "acar"))   # FedDyn's server (gaps.md#fedlap-table3-feddyn)
+                ("algorithm", "variant", "acar"),   # FedDyn's server (gaps.md#fedlap-table3-feddyn)
+                ("algorithm", "posterior_term", "differentiable"))   # FedLPA rounds >= 2 (gaps.md#fedlpa-figure2)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:
