@@ -402,12 +402,17 @@ def test_best_of_ea_gd_on_test_picks_the_better_test_accuracy():
     assert st["params"] is st["extra_eval"]["gd"]           # the carried model is the solver's
 
 
-def test_round_two_posterior_term_and_fedlpa_then_fedavg():
+def _round_one(options):
+    """Two clients with different data and weights, aggregated once: (setup, weights, algorithm, messages, state)."""
     setup = _setup((12, 20))
     plist = [_client_params(setup, k, k) for k in range(2)]
-    algo = ALGORITHMS.get("fedlpa")({"solver": "ea"}, setup)
+    algo = ALGORITHMS.get("fedlpa")(options, setup)
     msgs = _messages(algo, setup, plist)
-    st = algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+    return setup, plist, algo, msgs, algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+
+
+def test_round_two_posterior_term_and_fedlpa_then_fedavg():
+    setup, plist, algo, msgs, st = _round_one({"solver": "ea"})
     assert algo.local_objective(st, [0, 1], 1).terms == []
     obj = algo.local_objective(st, [0, 1], 2)
     w = _client_params(setup, 0, 7)
@@ -442,10 +447,7 @@ def test_the_posterior_term_is_unbounded_below_along_opposite_eigendirections():
     D = t·u vᵀ (u, v eigenvectors of Ḡ − G_k, Ā − A_k with eigenvalues of opposite signs) the term is
     ½ η λ_G λ_A t², negative and growing without bound: the paper's local loss has no minimum there
     (results/gaps.md#fedlpa-figure2)."""
-    setup = _setup((12, 20))
-    plist = [_client_params(setup, k, k) for k in range(2)]
-    algo = ALGORITHMS.get("fedlpa")({"solver": "ea", "posterior_eta": 0.5}, setup)
-    st = algo.aggregate(_messages(algo, setup, plist), algo.init_state(plist[0]), 1)
+    setup, _, algo, _, st = _round_one({"solver": "ea", "posterior_eta": 0.5})
     obj = algo.local_objective(st, [0, 1], 2)
     ctx = {**obj.shared_ctx, **obj.client_ctx[0]}
     s = algo.specs[-1]
@@ -466,11 +468,7 @@ def test_the_posterior_term_is_unbounded_below_along_opposite_eigendirections():
 
 
 def test_a_client_with_non_finite_weights_is_named_in_one_line():
-    setup = _setup((12, 20))
-    plist = [_client_params(setup, k, k) for k in range(2)]
-    algo = ALGORITHMS.get("fedlpa")({"solver": "ea"}, setup)
-    msgs = _messages(algo, setup, plist)
-    st = algo.aggregate(msgs, algo.init_state(plist[0]), 1)
+    _, plist, algo, msgs, st = _round_one({"solver": "ea"})
     next(iter(msgs[1].payload["params"].values()))[0] = float("nan")
     with pytest.raises(FedbenchError, match=r"round 2: client\(s\) \[1\] sent non-finite .*posterior_term="
                                             r"detached_as_released") as e:
