@@ -16,7 +16,8 @@ SMALL = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.trai
          "dataset.kwargs.test_size=100", "model=mlp_200_100", "num_clients=4", "rounds=4", "local.epochs=1",
          "local.batch_size=32", "hardware=cpu", "progress=false", "save_model=true", "cache=false",
          "partition=size_class_dirichlet"]
-EXTRA = {"fedlap_func": ["algorithm.server_iters=15"], "fedlap_cov": ["algorithm.mc_samples=1"]}
+EXTRA = {"fedlap_func": ["algorithm.server_iters=15"], "fedlap_cov": ["algorithm.mc_samples=1"],
+         "fedlpa": ["algorithm.gd_steps=20"], "fedlpa_then_fedavg": ["algorithm.gd_steps=20"]}
 RESUMABLE = sorted(n for n in set(ALGORITHMS.names()) if getattr(ALGORITHMS.get(n), "resumable", False))
 
 
@@ -47,7 +48,8 @@ def _kill_at(monkeypatch, round_idx):
 
 def test_the_resumable_methods_are_the_expected_ones():
     # a new resumable method must come with its state in the state dict; this list says which are checked below
-    assert RESUMABLE == ["fedavg", "feddyn", "fedlap", "fedlap_cov", "fedlap_func", "fedprox"]
+    assert RESUMABLE == ["fedavg", "feddyn", "fedlap", "fedlap_cov", "fedlap_func", "fedlpa", "fedlpa_then_fedavg",
+                         "fednova", "fedprox", "scaffold"]
 
 
 @pytest.mark.parametrize("name", RESUMABLE)
@@ -80,7 +82,7 @@ def test_killed_run_resumes_to_the_same_result(name, tmp_path, monkeypatch):
 
 def test_no_checkpoint_when_off_or_not_resumable(tmp_path, monkeypatch):
     _kill_at(monkeypatch, 2)
-    for sub, cfg in (("off", _cfg("fedavg", "checkpoint_every_s=0")), ("nores", _cfg("fednova", "checkpoint_every_s=1e-9"))):
+    for sub, cfg in (("off", _cfg("fedavg", "checkpoint_every_s=0")), ("nores", _cfg("fedcurv", "checkpoint_every_s=1e-9"))):
         with pytest.raises(KeyboardInterrupt):
             _run(cfg, tmp_path, sub)
         assert not (tmp_path / sub / compute_run_id(cfg) / "resume.pt").exists()

@@ -349,6 +349,7 @@ class FedLPA(Algorithm):
     """FedLPA (§1.3–1.5). Config keys: see conf/algorithm/fedlpa.yaml."""
 
     name = "fedlpa"
+    resumable = True   # all cross-round memory (factor sums, per-client factors) is in the state dict
     Options = FedLPAOptions
 
     def __init__(self, cfg, setup):

@@ -29,6 +29,7 @@ def effective_steps(tau: int, rho: float) -> float:
 @ALGORITHMS.register("fednova")
 class FedNova(Algorithm):
     name = "fednova"
+    resumable = True   # all cross-round memory is in the state dict (tests/test_resume.py)
     Options = FedNovaOptions
 
     def __init__(self, cfg, setup):

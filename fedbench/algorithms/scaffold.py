@@ -26,6 +26,7 @@ class ScaffoldOptions:
 @ALGORITHMS.register("scaffold")
 class Scaffold(Algorithm):
     name = "scaffold"
+    resumable = True   # all cross-round memory is in the state dict (tests/test_resume.py)
     Options = ScaffoldOptions
 
     def __init__(self, cfg, setup):
