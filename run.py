@@ -43,7 +43,15 @@ def main(cfg: DictConfig) -> float | None:
     return (recs[-1].get("metrics") or {}).get("accuracy")
 
 
+def check_with_torch(cfg: DictConfig) -> None:
+    """The methods' own option rules (choices, ranges), which live beside their torch code: run only once the
+    torch-free pass has accepted a run, so the common mistakes are rejected without importing torch."""
+    from fedbench.runner import check_methods
+
+    check_methods(cfg, CONF_DIR)
+
+
 if __name__ == "__main__":
     # validate (and apply profile=) before @hydra.main makes the run directory: bad input leaves nothing on disk
-    sys.argv[1:] = main_guard(sys.argv[1:], CONF_DIR)
+    sys.argv[1:] = main_guard(sys.argv[1:], CONF_DIR, check=check_with_torch)
     main()

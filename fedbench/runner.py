@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 import fedbench
 from fedbench import numerics
 from fedbench.algorithms import ALGORITHMS, build_algorithm
+from fedbench.algorithms.options import read_options
 from fedbench.config.aggregators import expand_aggregators
 from fedbench.config.paths import absolute_path
 from fedbench.config.validate import validate_config
@@ -51,8 +52,32 @@ def validate(cfg: DictConfig, launch_dir: Optional[str] = None) -> None:
     if not pname.startswith("noniid-#label"):
         PARTITIONS.get(pname)
     MODELS.get(config_group(cfg, "model")["name"])
-    ALGORITHMS.get(config_group(cfg, "algorithm")["name"])
+    check_method_options(config_group(cfg, "algorithm"))
     resolve_backend(cfg.hardware.backend, resolve_device(cfg.hardware.device))
+
+
+def validate_all(cfg: DictConfig, conf_dir: Path, launch_dir: Optional[str] = None) -> List[DictConfig]:
+    """``validate`` for a run, or for each aggregator of its ``aggregators`` list; returns the runs (the list's
+    configs, else ``[cfg]``)."""
+    subs = expand_aggregators(cfg, conf_dir) if cfg.get("aggregators") else [cfg]
+    for sub in subs:
+        validate(sub, launch_dir)
+    return subs
+
+
+def check_methods(cfg: DictConfig, conf_dir: Path) -> None:
+    """run.py's check before Hydra makes the run directory: the options of the run's method, or of each entry of its
+    ``aggregators`` list (not the devices: a Slurm submit host may have no GPU for a job that will)."""
+    for sub in (expand_aggregators(cfg, conf_dir) if cfg.get("aggregators") else [cfg]):
+        check_method_options(config_group(sub, "algorithm"))
+
+
+def check_method_options(algorithm: Dict[str, Any]) -> None:
+    """The method's own rules for its keys (choices, ranges, checks of its Options dataclass), the ones the torch-free
+    pass cannot know: read here as the method's ``__init__`` will read them, before any data is loaded."""
+    method = ALGORITHMS.get(algorithm["name"])
+    if method.Options is not None:
+        read_options(method.Options, {k: v for k, v in algorithm.items() if k != "name"}, method.name)
 
 
 def _finished_record(rec_path: Path, run_id: str, save_model: bool, launch_dir: Optional[str]) -> Optional[Path]:
@@ -338,9 +363,7 @@ def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, laun
     """
     if not cfg.get("aggregators"):
         return [execute(cfg, output_dir, launch_dir=launch_dir)]
-    subs = expand_aggregators(cfg, conf_dir)
-    for sub in subs:   # reject every bad entry before training any of them
-        validate(sub)
+    subs = validate_all(cfg, conf_dir)   # every bad entry is rejected before any of them trains
     root = Path(absolute_path(cfg.paths.output_root, launch_dir)) / "runs"
     records, failed = [], []
     memory = {} if not cfg.get("cache", True) else None   # cache=false: the list still trains its clients once

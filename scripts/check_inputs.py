@@ -50,6 +50,12 @@ RUN_CASES: List[str] = [
     "force=maybe", "seed=0,1", "-m seed=0,abc", "experiment=fedlpa/table6 profile=quick local.lr=abc",
     "local.lr=${oc.env:FEDBENCH_UNSET_VARIABLE}", "=3", "local.lr", "~seed",
 ]
+# the methods' own option rules (choices and ranges of their Options dataclasses, which live beside their torch code):
+# run.py checks them after the torch-free pass and before Hydra makes the run directory, so these cases import torch
+METHOD_CASES: List[Tuple[str, str]] = [("run.py", a) for a in (
+    "algorithm=fedlpa algorithm.gd_step=foo", "algorithm=fedprox algorithm.mu=-1",
+    "aggregators=[fedavg,{name:fedlpa,posterior_term:foo}]", "-m seed=0,1 algorithm=fedlap algorithm.init=foo")] + [
+    ("scripts/reproduce.py", "experiment=fedlap/table1 profile=quick aggregators=[{name:fedlap,init:foo}]")]
 SCRIPT_CASES: List[Tuple[str, str]] = [
     ("scripts/reproduce.py", "experiment=nonexistent"), ("scripts/submit.py", "dataset=foo --dry-run"),
     ("scripts/collect.py", "experiment=nonexistent"), ("scripts/plot.py", "experiment=nonexistent"),
@@ -57,7 +63,7 @@ SCRIPT_CASES: List[Tuple[str, str]] = [
     ("scripts/reproduce.py", "experiment=fedlpa/table6 profile=nonexistent"),
     ("scripts/reproduce.py", "experiment=fedlpa/table6 local.lr=[1,2"),
 ]
-CASES: List[Tuple[str, str]] = [("run.py", a) for a in RUN_CASES] + SCRIPT_CASES
+CASES: List[Tuple[str, str]] = [("run.py", a) for a in RUN_CASES] + METHOD_CASES + SCRIPT_CASES
 
 
 def run_case(script: str, args: str, workdir: Path) -> Dict:

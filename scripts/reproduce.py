@@ -52,6 +52,7 @@ def main(argv=None) -> int:
         from fedbench.launch.jobs import run_local
         from fedbench.launch.parallel import default_jobs, summary_line
         from fedbench.launch.sweep import missing_methods, plan
+        from fedbench.runner import check_methods   # the methods' own option rules, before any run trains
         from fedbench.papers import load_papers
         from fedbench.report.tables import check_table_suffix, collect, preset_meta, table_suffix
         load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
                                     "(rerun with --allow-missing to run the other columns)")
             if missing:
                 print(f"fedbench: WARNING: skipping unimplemented methods: {', '.join(missing)}", file=sys.stderr)
-            todo, done = plan(args.overrides, os.getcwd(), allow_missing=args.allow_missing)
+            todo, done = plan(args.overrides, os.getcwd(), allow_missing=args.allow_missing, check=check_methods)
             jobs = default_jobs(todo[0], args.parallel) if todo else 1
             print(f"{len(todo)} run(s) to do, {len(done)} already done; {min(jobs, max(len(todo), 1))} at once")
             t0 = time.time()

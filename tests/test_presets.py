@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.report.tables import row_value
+from fedbench.runner import check_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.relative_to(CONF_DIR / "experiment").with_suffix("").as_posix()
@@ -104,6 +105,7 @@ def test_every_run_composes_with_known_aggregators(preset):
         for entry in aggs:
             name = entry if isinstance(entry, str) else entry["name"]
             assert (CONF_DIR / "algorithm" / f"{name}.yaml").exists() or name in KNOWN_MISSING, (preset, name)
+        check_methods(cfg, CONF_DIR)   # every method's own option rules accept the preset (run.py checks them first)
 
 
 def _reference(preset):

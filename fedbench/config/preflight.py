@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import sys
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from fedbench.config import CONF_DIR
 from fedbench.config.compose import allow_pretrained, compose_config, composition_error, parse_overrides
@@ -20,12 +20,17 @@ MULTIRUN = ("-m", "--multirun")
 MAX_COMBINATIONS = 64   # beyond this, each sweep value is checked once (with the other axes' first values)
 
 
-def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
+def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR,
+              check: Optional[Callable[[DictConfig], None]] = None) -> List[str]:
     """The argv to hand to Hydra: the overrides (``model.pretrained`` made addable) plus the profile's settings.
-    Raises ``FedbenchError`` for any bad input. Other Hydra flags (``--help``, ``--cfg job``) pass unchecked."""
+    Raises ``FedbenchError`` for any bad input. Other Hydra flags (``--help``, ``--cfg job``) pass unchecked.
+    ``check(cfg)``: a further check of each composed run once the torch-free pass accepts it (run.py's: the
+    methods' own option rules, which need torch); not for ``--cfg``, which only prints the config."""
     argv, flags = _split_flags(list(argv))
     if flags is None:
         return argv
+    if "--cfg" in flags or "-c" in flags:
+        check = None
     multirun = any(a in MULTIRUN for a in flags)
     overrides = allow_pretrained(argv)
     fixed, sweeps = split_sweeps(overrides)
@@ -34,7 +39,7 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
         raise FedbenchError(composition_error(Exception(f"Ambiguous value for argument '{key}={','.join(values)}'"),
                                               overrides))
     cli_keys = {a.lstrip("+~").split("=", 1)[0] for a in overrides}
-    extras = {tuple(check_run(run, cli_keys, conf_dir)) for run in combinations(fixed, sweeps)}
+    extras = {tuple(check_run(run, cli_keys, conf_dir, check)) for run in combinations(fixed, sweeps)}
     if len(extras) > 1:
         raise FedbenchError("profile= with a swept experiment gives each preset other settings; "
                             "sweep presets with scripts/reproduce.py instead")
@@ -91,7 +96,8 @@ def combinations(fixed: List[str], sweeps: Dict[str, List[str]]) -> List[List[st
     return runs
 
 
-def check_run(overrides: List[str], cli_keys, conf_dir: Path) -> List[str]:
+def check_run(overrides: List[str], cli_keys, conf_dir: Path,
+              check: Optional[Callable[[DictConfig], None]] = None) -> List[str]:
     """Validate one run; returns the overrides its profile adds (none without profile=)."""
     cfg = compose_config(overrides, conf_dir, with_hydra=True)
     extra: List[str] = []
@@ -105,6 +111,8 @@ def check_run(overrides: List[str], cli_keys, conf_dir: Path) -> List[str]:
     if cfg.get("tuning") == "on":   # a grid of selection runs, then final runs: more than one run.py job
         raise FedbenchError("tuning=on runs the preset's grids and final runs: use scripts/reproduce.py "
                             "experiment=<paper>/<table> tuning=on (run.py makes single runs)")
+    if check is not None:
+        check(cfg)
     return extra
 
 
@@ -118,11 +126,12 @@ def check_script_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) 
     validate_config(cfg, conf_dir, allow_missing=True, need_checkpoint=False)
 
 
-def main_guard(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[List[str]]:
+def main_guard(argv: Sequence[str], conf_dir: Path = CONF_DIR,
+               check: Optional[Callable[[DictConfig], None]] = None) -> Optional[List[str]]:
     """``preflight`` that prints the one error line and exits with status 2."""
 
     try:
-        return preflight(argv, conf_dir)
+        return preflight(argv, conf_dir, check)
     except FedbenchError as e:
         print(f"fedbench: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -8,6 +8,7 @@ from typing import Dict, Sequence
 from fedbench.launch.jobs import local_slice, run_job
 from fedbench.launch.parallel import default_jobs, slices
 from fedbench.launch.sweep import plan
+from fedbench.runner import check_methods
 
 
 def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | None = None,
@@ -21,7 +22,7 @@ def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | No
     import submitit
 
     launch_dir = launch_dir or os.getcwd()
-    todo, done = plan(overrides, launch_dir, force)
+    todo, done = plan(overrides, launch_dir, force, check=check_methods)
     if not todo:
         return [], todo, done
     folder = folder or str(Path(launch_dir) / "outputs" / "submitit" / "%j")

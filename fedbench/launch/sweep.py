@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import json
 
 from omegaconf import DictConfig, OmegaConf
@@ -125,11 +125,14 @@ def is_finished(cfg: DictConfig, launch_dir: str) -> bool:
                            need_model=bool(cfg.get("save_model"))) is not None
 
 
-def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_missing: bool = False):
+def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_missing: bool = False,
+         check: Optional[Callable[[DictConfig, Path], None]] = None):
     """(todo, done): override lists still to run, and those whose ok record exists.
 
     A preset naming a method that is not implemented yet fails here with a message naming it;
     ``allow_missing`` drops such methods from the aggregator lists instead (announced, never silent).
+    ``check(cfg, conf_dir)``: a further check of every run (the runner's ``check_methods``: the methods' own
+    option rules, which need torch; the callers that are about to train pass it).
     """
     todo, done = [], []
     for ovs in expand_sweep(overrides):
@@ -138,6 +141,8 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
             ovs = ovs + [f"aggregators={_present_aggregators(cfg)}"]
             cfg = compose_config(ovs, with_hydra=True)
         validate_config(cfg, launch_dir=launch_dir, allow_missing=allow_missing)   # every run of the sweep, before any is submitted or run
+        if check is not None:
+            check(cfg, CONF_DIR)
         if cfg.get("aggregators"):
 
             subs = expand_aggregators(cfg, CONF_DIR)
