@@ -103,3 +103,22 @@ def test_campaign_tables_keep_the_committed_collections(cmd):
         del words[i:i + 2]
     if name in listed:
         assert " ".join(words) == listed[name], f"{name}: the committed collection is {listed[name]}"
+
+
+def test_the_split_figure2_steps_run_exactly_the_presets_series():
+    """fedlpa_figure2_fedlpa and _baselines (two cores side by side) together run the preset's 9 series, so their
+    records are the preset's own (a series' id is its composed config)."""
+    from fedbench.config import CONF_DIR
+    from fedbench.config.aggregators import expand_aggregators
+    from fedbench.launch.sweep import compose_run
+    from fedbench.results.records import compute_run_id
+
+    def series(cmd):
+        return {compute_run_id(sub) for ovs in expand_sweep(cmd)[:1] for sub in expand_aggregators(compose_run(ovs), CONF_DIR)}
+
+    split = [c for step in ("fedlpa_figure2_fedlpa", "fedlpa_figure2_baselines") for c in campaign_commands(step)
+             if any(w.startswith("aggregators=") for w in c)]   # the run lines (the collect lines have none)
+    assert len(split) == 2
+    preset = series(["experiment=fedlpa/figure2", "profile=paper"])
+    assert len(preset) == 9 and series(split[0]) | series(split[1]) == preset
+    assert not series(split[0]) & series(split[1])
