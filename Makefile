@@ -44,6 +44,7 @@ bench: install
 	$(PY) scripts/bench_engine.py $(ARGS)
 	$(PY) scripts/bench_curvature.py --threads 1 --repeats 3
 	$(PY) scripts/bench_fedlpa_gd.py --steps 1000 --repeats 2
+	$(PY) scripts/bench_fola_hessian.py
 	$(PY) scripts/bench_sweep.py
 	$(PY) scripts/bench_compose.py
 	$(PY) scripts/bench_tables.py
