@@ -2,6 +2,8 @@
 hand computations from the same records), and the §IV-E study driven by a preset (Fig. 12's AE / LF)."""
 from tests.conftest import ok_record
 import math
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -250,6 +252,9 @@ def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     assert len(pd.read_csv(run["dir"] / "sweep.csv")) == 2 * 5 * 7
     assert torch.load(run["dir"] / "heatmap_full_online.pt", weights_only=True).shape == (20, 20)
     assert p10.name == "fola_figure10_quick.png" and len(_png(p10)) == 70
+    # published: the record and the study's tables (not the heat maps) in the committed store
+    stored = Path(os.environ["FEDBENCH_RECORDS"]) / run["run_id"]
+    assert sorted(p.name for p in stored.iterdir()) == ["correlation.csv", "metrics.json", "rounds.csv", "sweep.csv"]
     ovs11 = ["experiment=fola/figure11"] + ovs[1:]
     (p11,) = reproduce_study(ovs11, str(tmp_path))          # the same run: skipped, only plotted
     assert study_runs(ovs11, tmp_path / "out")[0]["run_id"] == run["run_id"] and len(_png(p11)) == 14
@@ -257,3 +262,8 @@ def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     (p12,) = reproduce_study(ovs12, str(tmp_path))
     d12 = _png(p12)
     assert set(d12["alpha"]) == {0.1, 10} and len(d12) == 2 * (3 * 3 + 3 * 2)
+    # a fresh clone (no outputs): the studies come from the committed store, nothing reruns, the figures redraw
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "fresh"))
+    assert study_runs(ovs, tmp_path / "fresh")[0]["dir"] == stored
+    (again,) = reproduce_study(ovs, str(tmp_path))
+    assert len(_png(again)) == 70 and not (tmp_path / "fresh" / "runs").exists()

@@ -191,12 +191,14 @@ def _present_aggregators(cfg: DictConfig) -> str:
 
 
 def study_runs(overrides: Sequence[str], output_root: Path) -> List[Dict[str, Any]]:
-    """One entry per run of the study preset's sweep: overrides, config, run id, folder, record (or None)."""
+    """One entry per run of the study preset's sweep: overrides, config, run id, folder, record (or None). The
+    folder is the run's own (``<output_root>/runs/<id>``) unless only the committed store holds its finished record
+    (a fresh clone: the study's tables are there, its binaries are not)."""
     out = []
     for ovs in expand_sweep(overrides):
         cfg = compose_run(ovs)
         rid = compute_run_id(cfg)
-        folder = Path(output_root) / "runs" / rid
+        folder = find_record_dir(output_root, rid) or Path(output_root) / "runs" / rid
         rec = read_record(folder / "metrics.json")
         out.append({"overrides": ovs, "config": cfg, "run_id": rid, "dir": folder,
                     "record": rec if rec and rec.get("status") == "ok" and rec.get("run_id") == rid

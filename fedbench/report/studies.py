@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep, study_runs
 from fedbench.numerics import current
-from fedbench.results.records import write_json_atomic
+from fedbench.results.records import publish_record, write_json_atomic
 from fedbench.report.figures import plot_preset_figures
 from fedbench.report.registry import STUDIES, registered
 from fedbench.report.tables import collect, preset_meta
@@ -88,6 +88,9 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
         run_study_preset(overrides, launch_dir)
     output_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     output_root = output_root if output_root.is_absolute() else Path(launch_dir) / output_root
+    for r in study_runs(overrides, output_root):   # the finished studies' records and tables into the committed store
+        if r["record"] is not None:
+            publish_record(r["dir"])
     figures_dir = Path(launch_dir) / "results" / "figures"
     paths = plot_preset_figures(overrides, output_root, figures_dir, suffix=suffix)
     study = STUDIES[study_name(overrides)]

@@ -162,6 +162,15 @@ def is_complete(path: Path, run_id: Optional[str] = None, need_model: bool = Fal
 RECORD_FILES = ("metrics.json", "history.csv", "trace.csv")
 
 
+def published_files(rec: Dict[str, Any]) -> List[str]:
+    """The files of a record that the committed store keeps: ``RECORD_FILES`` and the tables a study wrote beside
+    its record (``rec['files']``, its ``.csv`` ones: FOLA's rounds, sweeps and AE/LF rows); never binaries (weights,
+    FOLA's precision heat maps)."""
+    study = [f for f in (rec.get("files") or {}).values() if isinstance(f, str) and f.endswith(".csv")
+             and Path(f).name == f]
+    return list(RECORD_FILES) + [f for f in study if f not in RECORD_FILES]
+
+
 def records_dir() -> Path:
     """The committed record store: ``$FEDBENCH_RECORDS``, default ``results/records`` (relative to the cwd)."""
     return Path(os.environ.get("FEDBENCH_RECORDS", "results/records"))
@@ -206,7 +215,7 @@ def _forced_rerun(rec: dict, committed: Optional[dict]) -> bool:
 
 
 def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path]:
-    """Copy a complete run record (``RECORD_FILES``, no weights) into the committed store; returns the target
+    """Copy a complete run record (``published_files``, no weights) into the committed store; returns the target
     folder, or None when ``run_dir`` holds no complete current record or already is the store's copy. A complete
     current record already in the store is kept as it is (only a missing, failed or stale one is replaced), unless
     ``run_dir`` holds a deliberate rerun: made with ``force=true`` (e.g. after a fix) and finished later."""
@@ -221,7 +230,7 @@ def publish_record(run_dir: Path, store: Optional[Path] = None) -> Optional[Path
     kept = is_complete(target / "metrics.json", rec["run_id"])
     if kept and not _forced_rerun(rec, read_record(target / "metrics.json")):
         return target           # the committed copy is the provenance of a table: only a forced, later rerun replaces it
-    for name in RECORD_FILES:
+    for name in published_files(rec):
         src = run_dir / name
         if src.is_file():
             data = src.read_bytes()

@@ -336,8 +336,10 @@ def plot_fig10(rounds: pd.DataFrame, sweep: pd.DataFrame, heatmaps: Dict[str, An
         im = axes[0].imshow(heatmaps[name].numpy(), cmap="viridis")
         fig.colorbar(im, ax=axes[0])
         axes[0].set_title(f"(a) normalised Σ₁⁻¹, first {heatmaps[name].shape[0]} params ({name}, round 1)", fontsize=8)
-    else:
+    else:   # the committed store keeps a study's tables, not its binary heat maps
         axes[0].axis("off")
+        axes[0].text(0.5, 0.5, "(a) no heat map here: the committed record\nkeeps the study's tables only;\n"
+                     "rerun the study to draw it", ha="center", va="center", fontsize=8)
     for k, (ax, r) in enumerate(zip(axes[1:], sweep_rounds)):
         for method, g in sweep[sweep["round"] == r].groupby("method", sort=False):
             ax.plot(g["pi1"], 100 * g["global_accuracy"], ls=_STYLE_LS[g["style"].iloc[0]],
