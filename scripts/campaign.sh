@@ -408,6 +408,15 @@ step_fedlpa_table7_onestage() {  # Table 7 (50 local epochs) on FMNIST and MNIST
     table --name cg experiment=fedlpa/table7 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
 }
 
+step_fola_figures10_12() {       # §IV-E softmax-regression study (MNIST, 2 clients): Figs. 10-11 (one study run: 7
+                                 # methods x 10 rounds, the exact 7850-parameter Hessian on every local step of the online
+                                 # styles) and Fig. 12 (alpha 0.1, 1, 10: 15 rounds, then the round-16 LF clients)
+    run experiment=fola/figure10 profile=paper
+    run experiment=fola/figure12 profile=paper
+    table experiment=fola/figure10 profile=paper
+    table experiment=fola/figure11 profile=paper
+    table experiment=fola/figure12 profile=paper
+}
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -418,7 +427,8 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_baselines fedlpa_table7_onestage)
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_baselines fedlpa_table7_onestage
+       fola_figures10_12)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2

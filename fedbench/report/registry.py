@@ -32,7 +32,8 @@ LOADED_PAPERS: List[str] = []   # the papers that have registered (fedbench.pape
 @dataclass(frozen=True)
 class Study:
     """A study a preset runs instead of ``run.py``: ``settings(cfg)`` checks one run's config before any work,
-    ``run(cfg, out_dir, launch_dir=...)`` computes it and returns the record's extra fields, ``publish(runs,
+    ``run(cfg, out_dir, launch_dir=..., log=...)`` computes it (``log(line)``: its progress) and returns the record's
+    extra fields, ``publish(runs,
     figures_dir, profile, suffix=None)`` (optional) copies its figures into results/figures/."""
     settings: Callable
     run: Callable

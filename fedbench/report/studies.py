@@ -66,7 +66,7 @@ def run_study_preset(overrides: Sequence[str], launch_dir: Optional[str] = None,
     for i, r in enumerate(todo, 1):
         log(f"[{i}/{len(todo)}] {' '.join(r['overrides'])}")
         t0 = time.perf_counter()
-        extra = study.run(r["config"], r["dir"], launch_dir=launch_dir)
+        extra = study.run(r["config"], r["dir"], launch_dir=launch_dir, log=log)
         rec = {"run_id": r["run_id"], "status": "ok", "study": name, "algorithm": f"study:{name}",
                "numerics": current(f"study:{name}"),
                "config": OmegaConf.to_container(r["config"], resolve=True),
