@@ -167,6 +167,9 @@ def regenerate_all() -> int:
                 print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures', suffix=e.get('suffix'))}")
             except FedbenchError:
                 pass
+        from fedbench.report.studies import redraw_committed_studies
+        for path in redraw_committed_studies(out_root, Path("results") / "figures"):
+            print(f"figure written: {path}")
         from fedbench.report.scoreboard import write_scoreboard
         print(f"scoreboard written: {write_scoreboard(Path('results'), out_root)}")
         if unpublished:

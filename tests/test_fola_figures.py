@@ -1,6 +1,7 @@
 """FOLA's figure presets (Figs. 3-12): shared runs, the plots on synthetic run records (values checked against
 hand computations from the same records), and the §IV-E study driven by a preset (Fig. 12's AE / LF)."""
 from tests.conftest import ok_record
+import json
 import math
 import os
 from pathlib import Path
@@ -267,3 +268,16 @@ def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     assert study_runs(ovs, tmp_path / "fresh")[0]["dir"] == stored
     (again,) = reproduce_study(ovs, str(tmp_path))
     assert len(_png(again)) == 70 and not (tmp_path / "fresh" / "runs").exists()
+    # make tables on a fresh clone: the paper study's committed record (here the tiny run's, under the paper id)
+    # redraws Figs. 10 and 11; nothing else has a record, so nothing else is drawn
+    from fedbench.report.studies import redraw_committed_studies
+    assert redraw_committed_studies(tmp_path / "fresh", tmp_path / "figs") == []
+    (paper,) = study_runs(["experiment=fola/figure10", "profile=paper"], tmp_path / "fresh")
+    target = Path(os.environ["FEDBENCH_RECORDS"]) / paper["run_id"]
+    target.mkdir()
+    for f in stored.iterdir():
+        target.joinpath(f.name).write_bytes(f.read_bytes())
+    rec = json.loads((target / "metrics.json").read_text())
+    (target / "metrics.json").write_text(json.dumps({**rec, "run_id": paper["run_id"]}))
+    drawn = redraw_committed_studies(tmp_path / "fresh", tmp_path / "figs")
+    assert [p.name for p in drawn] == ["fola_figure10.png", "fola_figure11.png"]

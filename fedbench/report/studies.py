@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from fedbench.config import CONF_DIR
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep, study_runs
 from fedbench.numerics import current
@@ -101,6 +102,22 @@ def reproduce_study(overrides: Sequence[str], launch_dir: Optional[str] = None, 
     table = collect_study_table(overrides, output_root, Path(launch_dir) / "results" / "tables", publish=True,
                                 suffix=suffix)
     return paths + ([table] if table is not None else [])
+
+
+def redraw_committed_studies(output_root: Path, figures_dir: Path, conf_dir: Path = CONF_DIR) -> List[Path]:
+    """``make tables`` for the study presets that have figures and no table (FOLA Figs. 10-12): redraw each one's
+    paper-profile figures from its finished records (the committed store's, on a fresh clone); presets with no
+    finished study run are left alone. The studies with a table are collections and are redrawn as those."""
+    paths: List[Path] = []
+    for yaml_path in sorted((Path(conf_dir) / "experiment").rglob("*.yaml")):
+        preset = f"experiment={yaml_path.relative_to(Path(conf_dir) / 'experiment').with_suffix('').as_posix()}"
+        table = compose_run([preset]).get("table")   # the preset itself, not its (possibly huge) sweep
+        if table is None or table.get("study") is None or not table.get("plots") or table.get("columns"):
+            continue
+        overrides = [preset, "profile=paper"]
+        if any(r["record"] is not None for r in study_runs(overrides, output_root)):
+            paths += plot_preset_figures(overrides, output_root, figures_dir)
+    return paths
 
 
 def collect_study_table(overrides: Sequence[str], output_root: Path, tables_dir: Path, *,
