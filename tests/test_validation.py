@@ -69,8 +69,9 @@ def test_the_line_names_key_value_and_what_is_allowed(results, args, names):
         assert name in line, (name, line)
 
 
-def test_rejection_does_not_import_torch(tmp_path):
-    code = (f"import sys, runpy; sys.argv = ['run.py', 'local.lr=abc']\n"
+@pytest.mark.parametrize("argv", [["local.lr=abc"], ["-m", "seed=0,abc"]])   # the second: a valid run comes first
+def test_rejection_does_not_import_torch(tmp_path, argv):
+    code = (f"import sys, runpy; sys.argv = ['run.py', *{argv!r}]\n"
             f"try:\n    runpy.run_path({str(ROOT / 'run.py')!r}, run_name='__main__')\n"
             f"except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDBENCH_OUTPUTS": str(tmp_path / "out")}

@@ -39,10 +39,13 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR,
         raise FedbenchError(composition_error(Exception(f"Ambiguous value for argument '{key}={','.join(values)}'"),
                                               overrides))
     cli_keys = {a.lstrip("+~").split("=", 1)[0] for a in overrides}
-    extras = {tuple(check_run(run, cli_keys, conf_dir, check)) for run in combinations(fixed, sweeps)}
+    checked = [check_run(run, cli_keys, conf_dir) for run in combinations(fixed, sweeps)]
+    extras = {tuple(extra) for extra, _ in checked}
     if len(extras) > 1:
         raise FedbenchError("profile= with a swept experiment gives each preset other settings; "
                             "sweep presets with scripts/reproduce.py instead")
+    for _, cfg in checked if check is not None else ():   # only once every run passed the torch-free pass
+        check(cfg)
     extra = list(extras.pop()) if extras else []
     return flags + overrides + extra
 
@@ -96,9 +99,8 @@ def combinations(fixed: List[str], sweeps: Dict[str, List[str]]) -> List[List[st
     return runs
 
 
-def check_run(overrides: List[str], cli_keys, conf_dir: Path,
-              check: Optional[Callable[[DictConfig], None]] = None) -> List[str]:
-    """Validate one run; returns the overrides its profile adds (none without profile=)."""
+def check_run(overrides: List[str], cli_keys, conf_dir: Path) -> Tuple[List[str], DictConfig]:
+    """Validate one run; returns the overrides its profile adds (none without profile=) and its composed config."""
     cfg = compose_config(overrides, conf_dir, with_hydra=True)
     extra: List[str] = []
     if cfg.get("profile") is not None:
@@ -111,9 +113,7 @@ def check_run(overrides: List[str], cli_keys, conf_dir: Path,
     if cfg.get("tuning") == "on":   # a grid of selection runs, then final runs: more than one run.py job
         raise FedbenchError("tuning=on runs the preset's grids and final runs: use scripts/reproduce.py "
                             "experiment=<paper>/<table> tuning=on (run.py makes single runs)")
-    if check is not None:
-        check(cfg)
-    return extra
+    return extra, cfg
 
 
 def check_script_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
