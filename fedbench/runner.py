@@ -18,7 +18,7 @@ import fedbench
 from fedbench import numerics
 from fedbench.algorithms import ALGORITHMS, build_algorithm
 from fedbench.algorithms.options import read_options
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.aggregators import expand_runs
 from fedbench.config.paths import absolute_path
 from fedbench.config.validate import validate_config
 from fedbench.curvature.compute import curvature_seconds
@@ -59,7 +59,7 @@ def validate(cfg: DictConfig, launch_dir: Optional[str] = None) -> None:
 def validate_all(cfg: DictConfig, conf_dir: Path, launch_dir: Optional[str] = None) -> List[DictConfig]:
     """``validate`` for a run, or for each aggregator of its ``aggregators`` list; returns the runs (the list's
     configs, else ``[cfg]``)."""
-    subs = expand_aggregators(cfg, conf_dir) if cfg.get("aggregators") else [cfg]
+    subs = expand_runs(cfg, conf_dir)
     for sub in subs:
         validate(sub, launch_dir)
     return subs
@@ -68,7 +68,7 @@ def validate_all(cfg: DictConfig, conf_dir: Path, launch_dir: Optional[str] = No
 def check_methods(cfg: DictConfig, conf_dir: Path) -> None:
     """run.py's check before Hydra makes the run directory: the options of the run's method, or of each entry of its
     ``aggregators`` list (not the devices: a Slurm submit host may have no GPU for a job that will)."""
-    for sub in (expand_aggregators(cfg, conf_dir) if cfg.get("aggregators") else [cfg]):
+    for sub in expand_runs(cfg, conf_dir):
         check_method_options(config_group(sub, "algorithm"))
 
 

@@ -284,7 +284,7 @@ def test_published_configurations_load():
 def test_aggregator_entry_names_the_yaml_not_the_method():
     """{name: dense_fedfisher, lr: 0.001} = FedFisher's DENSE configuration with one value changed (Table 3's
     pretrained student lr); the method stays dense, and FedFisher/FedBEns presets use that configuration."""
-    from fedbench.runner import expand_aggregators
+    from fedbench.config.aggregators import expand_aggregators
     cfg = OmegaConf.create({"aggregators": ["dense", {"name": "dense_fedfisher", "lr": 0.001}], "algorithm": {}})
     plain, ff = expand_aggregators(cfg, ROOT / "conf")
     assert plain.algorithm.name == ff.algorithm.name == "dense"

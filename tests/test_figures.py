@@ -7,7 +7,7 @@ from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.report.figures import curve_reference, plot_table, round_curves
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.results.reference import load_reference
-from fedbench.runner import expand_aggregators
+from fedbench.config.aggregators import expand_aggregators
 
 PRESET = ["experiment=fedlap/table1", "profile=paper", "dataset=uci_credit"]
 

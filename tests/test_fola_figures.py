@@ -19,7 +19,7 @@ from fedbench.papers.fola import figures as ff
 from fedbench.report.figures import plot_preset_figures
 from fedbench.report.runs import composed_runs
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
-from fedbench.runner import expand_aggregators
+from fedbench.config.aggregators import expand_aggregators
 
 
 def _ids(preset, extra=()):

@@ -27,13 +27,14 @@ import torch
 from omegaconf import OmegaConf
 
 from fedbench.algorithms import build_algorithm
+from fedbench.config.aggregators import expand_runs
 from fedbench.data.images import SHAPES
 from fedbench.errors import FedbenchError
 from fedbench.fl.loop import FLSetup, run_rounds
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.models import MODELS, build_model
 from fedbench.models.resnet import ResNet18NoBN
-from fedbench.runner import expand_aggregators, validate
+from fedbench.runner import validate
 from fedbench.train.config import LocalTrainConfig
 from fedbench.train.engine import TrainData
 
@@ -103,7 +104,7 @@ def combos():
                 continue
             seen.add(_picks(ovs))
             cfg = compose_run(list(ovs))
-            for sub in (expand_aggregators(cfg, CONF_DIR) if cfg.get("aggregators") else [cfg]):
+            for sub in expand_runs(cfg, CONF_DIR):
                 if sub.model.get("pretrained") is not None:   # the checkpoint (a user file) is not needed here:
                     sub.model.pretrained = None               # the seeded initialisation stands in for it
                 validate(sub)

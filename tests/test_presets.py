@@ -123,7 +123,7 @@ def _norm(v):
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if _reference(p) is not None])
 def test_rows_match_reference_columns_and_values(preset):
-    from fedbench.runner import expand_aggregators
+    from fedbench.config.aggregators import expand_aggregators
 
     ref = _reference(preset)
     cfg0 = composed(runs(preset, "paper")[0])
@@ -160,7 +160,7 @@ def test_rows_match_reference_columns_and_values(preset):
 def test_shared_settings_share_run_ids():
     """Tables reusing another table's runs must compose to the same run ids (FedLap 1/2/5, FedFisher 2/4/5)."""
     from fedbench.results.records import compute_run_id
-    from fedbench.runner import expand_aggregators
+    from fedbench.config.aggregators import expand_aggregators
 
     def ids(preset, extra):
         out = set()

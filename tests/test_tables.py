@@ -9,7 +9,7 @@ import pytest
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_json_atomic
 from fedbench.report.tables import partition_label, score, summarise, table_runs, to_markdown
-from fedbench.runner import expand_aggregators
+from fedbench.config.aggregators import expand_aggregators
 from fedbench.launch.sweep import CONF_DIR
 
 PRESET = ["experiment=fedlpa/table6", "profile=quick", "dataset=fmnist"]

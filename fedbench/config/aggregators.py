@@ -8,6 +8,11 @@ from omegaconf import DictConfig, OmegaConf
 from fedbench.errors import FedbenchError
 
 
+def expand_runs(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:
+    """The runs a config stands for: one per entry of its ``aggregators`` list, else the config itself."""
+    return expand_aggregators(cfg, conf_dir, allow_missing) if cfg.get("aggregators") else [cfg]
+
+
 def expand_aggregators(cfg: DictConfig, conf_dir: Path, allow_missing: bool = False) -> list:
     """``aggregators: [fedavg, fednova, {name: fedprox, mu: 0.1}, ...]`` -> one full config per aggregator.
 

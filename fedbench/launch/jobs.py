@@ -8,7 +8,7 @@ import sys
 from typing import Callable, Dict, Iterator, List, Sequence
 
 from fedbench.config import CONF_DIR
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.aggregators import expand_runs
 from fedbench.errors import FedbenchError
 from fedbench.launch.parallel import failed_outcome, merge_outcomes, run_isolated, summary_line
 from fedbench.launch.sweep import compose_run, run_dir
@@ -89,7 +89,7 @@ def claimed_elsewhere(overrides: Sequence[str], launch_dir: str) -> bool:
     compose is not busy (its job reports the error)."""
     try:
         cfg = compose_run(list(overrides))
-        subs = expand_aggregators(cfg, CONF_DIR) if cfg.get("aggregators") else [cfg]
+        subs = expand_runs(cfg, CONF_DIR)
         return any(is_held(run_dir(sub, launch_dir) / ".claim") for sub in subs)
     except Exception:
         return False

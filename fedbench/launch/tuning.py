@@ -24,7 +24,7 @@ from fedbench.config import CONF_DIR
 from fedbench.config.compose import compose_config
 from fedbench.config.profiles import quote_value
 from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grids, parse_tuning, selection_key)
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.aggregators import expand_runs
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import expand_sweep, is_finished
 from fedbench.results.records import (compute_run_id, find_record_dir, identity_config, read_record, tuning_store,
@@ -52,7 +52,7 @@ def with_overrides(overrides: Sequence[str], values: Dict[str, Any]) -> List[str
 def method_runs(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[DictConfig]:
     """The run configs of one cell: one per aggregator of its list (or the cell itself), with tuning switched off."""
     cfg = compose_config(overrides, conf_dir)
-    subs = expand_aggregators(cfg, conf_dir) if cfg.get("aggregators") else [cfg]
+    subs = expand_runs(cfg, conf_dir)
     for s in subs:
         s.tuning = "off"   # not part of the run id; a run itself never tunes
     return subs

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.aggregators import expand_runs
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep, study_runs
 from fedbench.numerics import is_current
@@ -63,7 +63,7 @@ def preset_records(overrides: Sequence[str], output_root: Path,
     for ovs, cfg in composed_runs(overrides):
         if meta is None:
             meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
-        subs = expand_aggregators(cfg, CONF_DIR, allow_missing=True) if cfg.get("aggregators") else [cfg]
+        subs = expand_runs(cfg, CONF_DIR, allow_missing=True)
         for sub in subs:
             a = OmegaConf.to_container(sub.algorithm, resolve=True)
             rid = compute_run_id(sub)

@@ -40,7 +40,7 @@ from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_r
 from fedbench.results.summaries import history_value, last_k_at, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.aggregators import expand_runs
 from fedbench.results.reference import load_reference
 from fedbench.report.registry import METHOD_LABELS, PARTITION_LABELS, ROW_KEYS, registered
 
@@ -221,7 +221,7 @@ def _compose_sweep(runs: List[List[str]], conf_dir: Path, reuse_seeds: bool) -> 
 
 def _compose_one(ovs: Sequence[str], conf_dir: Path) -> tuple:
     cfg = compose_run(ovs, conf_dir)
-    subs = expand_aggregators(cfg, conf_dir, allow_missing=True) if cfg.get("aggregators") else [cfg]
+    subs = expand_runs(cfg, conf_dir, allow_missing=True)
     for c in (cfg, *subs):
         OmegaConf.set_readonly(c, True)
     return cfg, tuple(subs)

@@ -30,12 +30,12 @@ from fedbench.errors import FedbenchError  # noqa: E402
 def fedlpa_config(overrides):
     """The composed single-run config of the cell's fedlpa aggregator (profile settings applied as run.py does)."""
     from fedbench.config import CONF_DIR
-    from fedbench.config.aggregators import expand_aggregators
+    from fedbench.config.aggregators import expand_runs
     from fedbench.config.compose import compose_config
     from fedbench.config.preflight import preflight
 
     cfg = compose_config(preflight(overrides, CONF_DIR), CONF_DIR)
-    subs = expand_aggregators(cfg, CONF_DIR) if cfg.get("aggregators") else [cfg]
+    subs = expand_runs(cfg, CONF_DIR)
     subs = [s for s in subs if s.algorithm.name == "fedlpa"]
     if not subs:
         raise FedbenchError("no fedlpa aggregator in this cell (set algorithm=fedlpa or aggregators=[fedlpa])")
