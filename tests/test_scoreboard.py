@@ -12,7 +12,7 @@ from fedbench.results.records import compute_run_id, write_csv_atomic, write_jso
 from fedbench.report.scoreboard import (FIGURE, _claim_status, collection_summaries, load_campaign, plot_scoreboard,
                                         render, scoreboard_cells)
 from fedbench.report.tables import COLLECTIONS, collect, read_collections, score
-from fedbench.runner import expand_aggregators
+from fedbench.config.aggregators import expand_aggregators
 from tests.conftest import ok_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +118,28 @@ def test_claims_hold_only_when_every_row_agrees():
     colls["t"]["metric"] = "nll"
     assert _claim_status({"collection": "t", "winner": "w", "loser": "l"}, colls) == \
         ("not reproduced", "1/2 rows (fails: d/a)")
+
+
+def test_a_claim_against_a_list_of_losers_needs_the_winner_ahead_of_each():
+    # "FedLPA is highest in round 1": one claim against every other series; a row counts once, however many of the
+    # listed losers ran in it, and fails naming the ones the winner is not ahead of (a tie is not a lead)
+    s = pd.DataFrame([
+        {"dataset": "d", "rounds": 1, "method": "w", "n": 3, "mean": 70.0},
+        {"dataset": "d", "rounds": 1, "method": "a", "n": 3, "mean": 60.0},
+        {"dataset": "d", "rounds": 1, "method": "b", "n": 3, "mean": 69.0},
+        {"dataset": "d", "rounds": 50, "method": "w", "n": 3, "mean": 90.0},
+        {"dataset": "d", "rounds": 50, "method": "a", "n": 3, "mean": 95.0},
+        {"dataset": "d", "rounds": 50, "method": "b", "n": 3, "mean": 90.0},
+        {"dataset": "d", "rounds": 50, "method": "c", "n": 3, "mean": 80.0},
+    ])
+    colls = {"t": {"summary": s, "meta": {"rows": ["dataset", "rounds"]}}}
+    claim = {"collection": "t", "winner": "w", "loser": ["a", "b", "c"]}
+    assert _claim_status({**claim, "where": {"rounds": [1]}}, colls) == ("reproduced", "1/1 rows")
+    assert _claim_status(claim, colls) == ("not reproduced", "1/2 rows (fails: d/50: not ahead of a + b)")
+    assert _claim_status({**claim, "loser": ["c"]}, colls) == ("reproduced", "1/1 rows")   # c ran in round 50 only
+    assert _claim_status({**claim, "loser": ["x"]}, colls) == ("not run", "no row has both methods")
+    # the list form of one loser is the plain claim
+    assert _claim_status({**claim, "loser": ["a"]}, colls)[0] == _claim_status({**claim, "loser": "a"}, colls)[0]
 
 
 def test_significant_claims_need_a_gap_beyond_two_standard_errors():
@@ -231,6 +253,14 @@ def test_committed_tables_and_scoreboard_are_regenerated_from_committed_records(
     run, full, within, outside = (int(total[k]) for k in (3, 4, 5, 6))   # paper, on data here, need a GPU, run, ...
     assert (len(cells), int(cells["all_seeds"].sum()), int(cells["within"].sum())) == (run, full, within)
     assert len(cells) - int(cells["within"].sum()) == outside
+    # every claim names a committed collection and methods of its table: a misspelt label ("fedprox(mu=1.0)" for
+    # "fedprox(mu=1)") would leave the claim "not run" for ever
+    for claim in load_campaign(ROOT / "results")["claims"]:
+        assert claim["collection"] in colls, claim
+        methods = set(colls[claim["collection"]]["summary"]["method"])
+        named = [claim["method"]] if "method" in claim else [claim["winner"]] + (
+            [claim["loser"]] if isinstance(claim["loser"], str) else list(claim["loser"]))
+        assert set(named) <= methods, (claim["text"], sorted(set(named) - methods), sorted(methods))
 
 
 def test_scoreboard_columns_nest():

@@ -250,7 +250,8 @@ def collection_summaries(results: Path, output_root: Path) -> Dict[str, Dict[str
 def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tuple:
     """(status, detail) of a headline claim: ``{collection, winner, loser}`` (our means must order every row of the
     collection where both methods ran as the claim says; for a loss such as NLL the winner's mean is the lower; with
-    ``significant: true`` by more than 2 combined standard errors) or
+    ``significant: true`` by more than 2 combined standard errors; ``loser`` may be a list: the winner must beat each
+    one of them that ran in the row) or
     ``{collection, method, along, direction}`` (the method's means must fall, or rise, strictly along the row key
     ``along``). The detail says "provisional" while a compared row has fewer than the paper's seeds for either
     method (the means then rest on fewer, or different, seeds)."""
@@ -268,25 +269,34 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     where = claim.get("where") or {}
     metric = c.get("metric", "accuracy")
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0   # a loss: the lower mean beats
+    # a list of losers ("highest in round 1"): the winner must beat every one of them that ran in the row
+    losers = [claim["loser"]] if isinstance(claim["loser"], str) else list(claim["loser"])
     for rv, g in s.groupby(keys, sort=False, dropna=False):
         rv = rv if isinstance(rv, tuple) else (rv,)
         row = dict(zip(keys, rv))
         if any(norm_key(row.get(k)) not in [norm_key(x) for x in (v if isinstance(v, list) else [v])]
                for k, v in where.items()):
             continue
-        w, lo = g[(g["method"] == claim["winner"]) & (g["n"] > 0)], g[(g["method"] == claim["loser"]) & (g["n"] > 0)]
-        if w.empty or lo.empty:
+        w = g[(g["method"] == claim["winner"]) & (g["n"] > 0)]
+        ran = [lo for lo in (g[(g["method"] == name) & (g["n"] > 0)] for name in losers) if not lo.empty]
+        if w.empty or not ran:
             continue
         rows += 1
-        short += int(min(int(w["n"].iloc[0]), int(lo["n"].iloc[0])) < want)
-        # significant: a claim that one setting is clearly worse ("drops significantly") needs a gap beyond noise
-        margin = _noise(_point(w), _point(lo)) if claim.get("significant") else 0.0
-        wm, lm = float(w["mean"].iloc[0]), float(lo["mean"].iloc[0])
-        # the lead must show in the printed means, as a row's winner does (10.00 against 9.997 ties)
-        if sign * (wm - lm) > margin and sign * (as_printed(wm, metric) - as_printed(lm, metric)) > 0:
+        short += int(min([int(w["n"].iloc[0])] + [int(lo["n"].iloc[0]) for lo in ran]) < want)
+        wm = float(w["mean"].iloc[0])
+        not_beaten = []
+        for lo in ran:
+            # significant: a claim that one setting is clearly worse ("drops significantly") needs a gap beyond noise
+            margin = _noise(_point(w), _point(lo)) if claim.get("significant") else 0.0
+            lm = float(lo["mean"].iloc[0])
+            # the lead must show in the printed means, as a row's winner does (10.00 against 9.997 ties)
+            if not (sign * (wm - lm) > margin and sign * (as_printed(wm, metric) - as_printed(lm, metric)) > 0):
+                not_beaten.append(str(lo["method"].iloc[0]))
+        label = "/".join(norm_key(v) for v in rv)
+        if not not_beaten:
             held += 1
-        else:
-            failed.append("/".join(norm_key(v) for v in rv))
+        else:   # a list of losers: name the ones the winner did not beat
+            failed.append(label if isinstance(claim["loser"], str) else f"{label}: not ahead of {' + '.join(not_beaten)}")
     if rows == 0:
         return "not run", "no row has both methods"
     partial = f"; provisional: fewer than {want} seeds in {short} of {rows} rows" if short else ""
