@@ -215,6 +215,46 @@ def test_correlation_study_ae_and_lf_against_the_reference():
         fl.run_correlation(clients, test, cfg, lf_epochs=(0,))
 
 
+def test_a_stopped_study_resumes_at_its_next_method_with_the_same_results(tmp_path):
+    """The MethodStore keeps each finished method; a run stopped inside the second method restores the first and
+    recomputes the rest, bitwise the same as one uninterrupted run. A file with another stamp is recomputed over."""
+    clients, test = _tiny_clients()
+    cfg = fl.StudyConfig(rounds=3, batch_size=16, lr=0.1, sweep_rounds=(1,), sweep_points=3, prior_precision=1e-3,
+                         methods=("full_online", "diag_online", "fedavg"), heatmap_size=6)
+    whole = fl.run_study(clients, test, cfg, num_classes=4)
+
+    class Stop(Exception):
+        pass
+
+    def stop_in_diag(row):
+        if row["method"] == "diag_online" and row["round"] == 2:
+            raise Stop
+
+    stamp = {"numerics": {"core": 1, "method": 1}, "client_sizes": [1, 2]}
+    with pytest.raises(Stop):
+        fl.run_study(clients, test, cfg, num_classes=4, log=stop_in_diag,
+                     store=fl.MethodStore(tmp_path / "resume", stamp))
+    assert sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["full_online.pt"]
+    said, ran = [], []
+    res = fl.run_study(clients, test, cfg, num_classes=4, log=ran.append,
+                       store=fl.MethodStore(tmp_path / "resume", stamp, log=said.append))
+    assert {r["method"] for r in ran} == {"diag_online", "fedavg"} and len(said) == 1 and "full_online" in said[0]
+    assert res.rounds == whole.rounds and res.sweep == whole.sweep
+    assert torch.equal(res.heatmaps["full_online"], whole.heatmaps["full_online"])
+    for m in cfg.methods:
+        assert all(torch.equal(a, b) for a, b in zip(res.means[m], whole.means[m]))
+        assert torch.equal(res.states[m]["mean"], whole.states[m]["mean"])
+        assert res.states[m]["precision"][0] == whole.states[m]["precision"][0]
+    assert torch.equal(res.states["full_online"]["precision"][1], whole.states["full_online"]["precision"][1])
+    # another stamp (newer numerics, other data): every method is recomputed, and the store is cleared on demand
+    ran.clear()
+    fl.run_study(clients, test, cfg, num_classes=4, log=ran.append,
+                 store=fl.MethodStore(tmp_path / "resume", {**stamp, "client_sizes": [2, 1]}))
+    assert {r["method"] for r in ran} == set(cfg.methods)
+    fl.MethodStore(tmp_path / "resume", stamp).clear()
+    assert not (tmp_path / "resume").exists()
+
+
 def test_study_settings_are_checked_before_any_data():
     from fedbench.report.studies import study_name
 
@@ -252,6 +292,7 @@ def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     assert len(rounds) == 2 * 7 and rounds["global_accuracy"].between(0, 1).all()
     assert len(pd.read_csv(run["dir"] / "sweep.csv")) == 2 * 5 * 7
     assert torch.load(run["dir"] / "heatmap_full_online.pt", weights_only=True).shape == (20, 20)
+    assert not (run["dir"] / "study_resume").exists()   # the finished methods' partial results are removed
     assert p10.name == "fola_figure10_quick.png" and len(_png(p10)) == 70
     # published: the record and the study's tables (not the heat maps) in the committed store
     stored = Path(os.environ["FEDBENCH_RECORDS"]) / run["run_id"]

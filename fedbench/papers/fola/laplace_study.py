@@ -48,6 +48,7 @@ from omegaconf import OmegaConf
 import numpy as np
 
 from fedbench.errors import FedbenchError
+from fedbench.numerics import current
 from fedbench.train.engine import client_generator, epoch_batches
 from fedbench.data import load_dataset
 from fedbench.partition import make_partition
@@ -414,9 +415,11 @@ def run_method(method: str, clients: Sequence[Tuple[Tensor, Tensor]], test: Tupl
 
 
 def run_study(clients: Sequence[Tuple[Tensor, Tensor]], test: Tuple[Tensor, Tensor], cfg: StudyConfig, *,
-              init: Optional[Tensor] = None, num_classes: Optional[int] = None, log=None) -> StudyResult:
+              init: Optional[Tensor] = None, num_classes: Optional[int] = None, log=None,
+              store: Optional["MethodStore"] = None) -> StudyResult:
     """Run every method of ``cfg.methods`` on the clients' (x, y) (inputs flattened floats, already
-    normalised) and evaluate on ``test``. ``init``: flat Θ₀ (default zeros); computations use its dtype."""
+    normalised) and evaluate on ``test``. ``init``: flat Θ₀ (default zeros); computations use its dtype.
+    ``store``: methods finished by an earlier, stopped run are restored from it, each new one is saved to it."""
     cfg.validate()
     if len(clients) != 2:
         raise FedbenchError(f"the §IV-E study has two clients, got {len(clients)}")
@@ -433,8 +436,65 @@ def run_study(clients: Sequence[Tuple[Tensor, Tensor]], test: Tuple[Tensor, Tens
     test = (test[0].to(dt), test[1])
     result = StudyResult()
     for m in cfg.methods:
+        if store is not None and store.restore(m, result):
+            continue
         run_method(m, clients, test, cfg, init.reshape(-1), num_classes, result, log)
+        if store is not None:
+            store.save(m, result)
     return result
+
+
+class MethodStore:
+    """A study's finished methods, one file each under ``folder``, so that a study stopped part-way resumes at its
+    next method (Figs. 10-11's paper run is about 1.5 CPU h, longer than a busy session's core keeps it). A method's
+    results depend only on the config, the data and its own (seed, round, client) generators, never on the methods
+    run before it, so a restored method equals a recomputed one. ``stamp`` (numerics version, client sizes) must
+    match, else the file is recomputed over."""
+
+    def __init__(self, folder: Path, stamp: Mapping[str, Any], log=None, device: Any = "cpu"):
+        self.folder, self.stamp, self.log, self.device = Path(folder), dict(stamp), log, device
+
+    def _path(self, method: str) -> Path:
+        return self.folder / f"{method}.pt"
+
+    def save(self, method: str, result: StudyResult) -> None:
+        part = {"stamp": self.stamp,
+                "rounds": [r for r in result.rounds if r["method"] == method],
+                "sweep": [r for r in result.sweep if r["method"] == method],
+                "heatmap": result.heatmaps.get(method), "means": result.means.get(method, []),
+                "state": result.states[method]}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self._path(method).with_suffix(".tmp")
+        torch.save(part, tmp)
+        tmp.replace(self._path(method))   # atomic: a kill mid-write leaves the method to recompute, never half a file
+
+    def restore(self, method: str, result: StudyResult) -> bool:
+        path = self._path(method)
+        if not path.is_file():
+            return False
+        try:
+            part = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception:   # unreadable: recompute the method
+            return False
+        if part.get("stamp") != self.stamp:
+            return False
+        result.rounds.extend(part["rounds"])
+        result.sweep.extend(part["sweep"])
+        if part["heatmap"] is not None:
+            result.heatmaps[method] = part["heatmap"]
+        result.means[method] = list(part["means"])
+        result.states[method] = part["state"]
+        if self.log is not None:
+            last = part["rounds"][-1]
+            self.log(f"fola study: {method} restored from {path} (finished before: {len(part['rounds'])} rounds, "
+                     f"GA {100 * last['global_accuracy']:.2f})")
+        return True
+
+    def clear(self) -> None:
+        for f in self.folder.glob("*.pt"):
+            f.unlink()
+        if self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()
 
 
 # ---- Fig. 12: AE / LF against a full-Laplace optimum -------------------------------------------------------
@@ -444,7 +504,8 @@ def _weights(cfg: StudyConfig, sizes: Sequence[float]) -> List[float]:
 
 def run_correlation(clients: Sequence[Tuple[Tensor, Tensor]], test: Tuple[Tensor, Tensor], cfg: StudyConfig, *,
                     reference: str = "full_online", lf_epochs: Sequence[int] = (1, 2, 5, 10, 20),
-                    init: Optional[Tensor] = None, num_classes: Optional[int] = None, log=None) -> StudyResult:
+                    init: Optional[Tensor] = None, num_classes: Optional[int] = None, log=None,
+                    store: Optional[MethodStore] = None) -> StudyResult:
     """Fig. 12: every method of ``cfg.methods`` (which must include ``reference``, a full-Hessian method) for
     ``cfg.rounds`` rounds, then AE rows (method, round: D(μ_S, θ*), GA) and LF rows (method, E: Σπ D(θ_n, θ*),
     LA) in ``result.correlation``."""
@@ -454,7 +515,7 @@ def run_correlation(clients: Sequence[Tuple[Tensor, Tensor]], test: Tuple[Tensor
     bad = [e for e in lf_epochs if isinstance(e, bool) or not isinstance(e, int) or e < 1]
     if bad or not lf_epochs:
         raise FedbenchError(f"study lf_epochs must be integers >= 1, got {list(lf_epochs)!r}")
-    result = run_study(clients, test, cfg, init=init, num_classes=num_classes, log=log)
+    result = run_study(clients, test, cfg, init=init, num_classes=num_classes, log=log, store=store)
     theta_star = result.states[reference]["mean"]
     prec_star = result.states[reference]["precision"]
     xts = [augment(x.to(theta_star.dtype)) for x, _ in clients]
@@ -596,12 +657,15 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
     # as run.py: hardware.num_threads (auto = 1 thread for < 10k parameters); on a busy 2-core machine two
     # threads made a 500x500 eigh 50x slower
     set_threads(cfg.hardware.get("num_threads"), device, int(init.numel()))
+    out = Path(out_dir)
+    # the finished methods of a stopped run of this config (the run directory is its run id)
+    store = MethodStore(out / "study_resume", {"numerics": current("study:fola_laplace"), "client_sizes": sizes},
+                        log=log, device=device)
     if st["kind"] == "laplace":
-        res = run_study(clients, test, study, init=init, num_classes=ncls, log=say)
+        res = run_study(clients, test, study, init=init, num_classes=ncls, log=say, store=store)
     else:
         res = run_correlation(clients, test, study, reference=st["reference"], lf_epochs=tuple(st["lf_epochs"]),
-                              init=init, num_classes=ncls, log=say)
-    out = Path(out_dir)
+                              init=init, num_classes=ncls, log=say, store=store)
     out.mkdir(parents=True, exist_ok=True)
     files = {"rounds": "rounds.csv", "sweep": "sweep.csv", "correlation": "correlation.csv"}
     pd.DataFrame(res.rounds).to_csv(out / files["rounds"], index=False)
@@ -617,4 +681,5 @@ def run_from_config(cfg, out_dir: Path, *, launch_dir: Optional[str] = None, log
         last[row["method"]] = row
     summary = {m: {"global_accuracy": r["global_accuracy"], "local_accuracy": r["local_accuracy"]}
                for m, r in last.items()}
+    store.clear()   # the study's files are written: the partial results are no longer needed
     return {"files": files, "client_sizes": sizes, "num_parameters": int(init.numel()), "summary": summary}
