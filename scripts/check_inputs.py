@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Run every invalid invocation of run.py and the scripts that fedbench must reject, and print a Markdown table:
-case, exit status, seconds, stderr line count (each must be: 2, fast, 1 line `fedbench: error: ...`).
+case, exit status, seconds, whether torch was imported, stderr line count (each must be: 2, 1 line
+`fedbench: error: ...`, nothing written, and no torch import except for a method's own options, which the methods
+check after importing torch).
 
     python scripts/check_inputs.py            # all cases
     python scripts/check_inputs.py -k device  # cases whose text contains 'device'
@@ -76,19 +78,31 @@ def run_case(script: str, args: str, workdir: Path) -> Dict:
     env = {**os.environ, "FEDBENCH_OUTPUTS": str(outputs), "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("FEDBENCH_UNSET_VARIABLE", None)
-    argv = [sys.executable, str(ROOT / script), *args.replace("{file}", str(afile)).split()]
+    path = str(ROOT / script)
+    # the script runs as `python <script> ...` would (its folder first on sys.path, run as __main__); at exit the
+    # probe file says whether torch was imported (a rejection should not need it: heavy, seconds on a busy machine)
+    probe = workdir / "torch_imported"
+    code = (f"import atexit, runpy, sys\n"
+            f"atexit.register(lambda: open({str(probe)!r}, 'w').write(str('torch' in sys.modules)))\n"
+            f"sys.argv = [{path!r}, *{args.replace('{file}', str(afile)).split()!r}]\n"
+            f"sys.path.insert(0, {str(Path(path).parent)!r})\n"
+            f"runpy.run_path({path!r}, run_name='__main__')\n")
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=300)
     seconds = time.perf_counter() - t0
     written = sorted(str(p.relative_to(outputs)) for p in outputs.rglob("*")) if outputs.exists() else []
-    return {"rc": proc.returncode, "seconds": seconds, "stderr": proc.stderr.splitlines(), "written": written}
+    torch_imported = probe.read_text() == "True" if probe.is_file() else None
+    return {"rc": proc.returncode, "seconds": seconds, "stderr": proc.stderr.splitlines(), "written": written,
+            "torch": torch_imported}
 
 
 def markdown(rows) -> str:
-    out = ["| # | case | exit | seconds | stderr lines | wrote | stderr |", "|---|---|---|---|---|---|---|"]
+    out = ["| # | case | exit | seconds | torch | stderr lines | wrote | stderr |",
+           "|---|---|---|---|---|---|---|---|"]
     for i, ((script, args), r) in enumerate(rows, 1):
         first = r["stderr"][0] if r["stderr"] else ""
-        out.append(f"| {i} | `{script} {args}` | {r['rc']} | {r['seconds']:.2f} | {len(r['stderr'])} | "
+        out.append(f"| {i} | `{script} {args}` | {r['rc']} | {r['seconds']:.2f} | {r['torch']} | {len(r['stderr'])} | "
                    f"{len(r['written'])} | {first.replace('|', '/')[:150]} |")
     return "\n".join(out)
 
@@ -103,9 +117,10 @@ def main(argv=None) -> int:
             rows.append((case, run_case(*case, Path(tmp) / f"case{i}")))
     print(markdown(rows))
     ok = all(r["rc"] == 2 and len(r["stderr"]) == 1 and r["stderr"][0].startswith("fedbench: error:")
-             and not r["written"] for _, r in rows)
-    print(f"\n{len(rows)} case(s); {'all' if ok else 'NOT all'} rejected in one line with exit status 2 and nothing "
-          f"written; slowest {max((r['seconds'] for _, r in rows), default=0):.2f} s")
+             and not r["written"] and (case in METHOD_CASES or r["torch"] is False) for case, r in rows)
+    print(f"\n{len(rows)} case(s); {'all' if ok else 'NOT all'} rejected in one line with exit status 2, nothing "
+          f"written and, but for a method's own options, no torch import; slowest "
+          f"{max((r['seconds'] for _, r in rows), default=0):.2f} s")
     return 0 if ok else 1
 
 

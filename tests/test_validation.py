@@ -22,13 +22,11 @@ _spec = importlib.util.spec_from_file_location("check_inputs", ROOT / "scripts" 
 check_inputs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check_inputs)
 CASES = check_inputs.CASES
-CASE_LIMIT_S = 10.0   # generous: a rejection imports Hydra + omegaconf only (about 1-2 s on a busy 2-core machine)
-METHOD_CASE_LIMIT_S = 40.0   # a method option's rejection imports torch and the methods (about 5 s beside two jobs)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every case once, two at a time (each one's own wall time is measured)."""
+    """Every case once, two at a time."""
     root = tmp_path_factory.mktemp("cases")
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(check_inputs.run_case, script, args, root / f"case{i}")
@@ -49,7 +47,10 @@ def test_invalid_invocation_is_one_line_exit_2_nothing_written(results, i):
     assert len(r["stderr"]) == 1 and r["stderr"][0].startswith("fedbench: error: "), r["stderr"]
     assert r["stderr"][0] != "fedbench: error: "
     assert r["written"] == [], r["written"]
-    assert r["seconds"] < (METHOD_CASE_LIMIT_S if CASES[i] in check_inputs.METHOD_CASES else CASE_LIMIT_S), r
+    # rejected before anything heavy: without importing torch, except a method's own option rules, which the methods
+    # check (torch imported, still before Hydra writes a run directory); no wall-time limit, which a busy machine
+    # breaks (41 s for the reproduce.py method case in a clone CI beside two training jobs)
+    assert r["torch"] is (CASES[i] in check_inputs.METHOD_CASES), r
 
 
 @pytest.mark.parametrize("args, names", [
