@@ -1,6 +1,7 @@
 """FOLA and FedCurv against their closed forms, and the §IV-E softmax-regression study helpers."""
 from types import SimpleNamespace
 
+import dataclasses
 import pytest
 import torch
 import torch.nn as nn
@@ -403,6 +404,9 @@ def test_softmax_regression_hessian_grad_and_fisher_match_autograd():
     ev = fl.efull_precision(want)
     assert bool((ev[1:] >= ev[:-1]).all()) and float(ev.min()) >= 0
     torch.testing.assert_close(ev.sum(), torch.diagonal(want).sum().clamp_min(0))
+    # the isotropic reading: every entry is the mean eigenvalue (= tr(H)/P, no eigh)
+    iso = fl.efull_precision(want, "isotropic")
+    torch.testing.assert_close(iso, torch.full_like(ev, float(ev.mean())))
     # flat Θ order vs nn.Linear order
     lin = fl.to_linear(theta, 4)
     torch.testing.assert_close(fl.from_linear(lin["weight"], lin["bias"]), theta)
@@ -491,6 +495,26 @@ def test_tiny_study_runs_every_method():
         fl.run_study(clients, test, fl.StudyConfig(methods=("kfac",)))
     with pytest.raises(FedbenchError):
         fl.run_study(clients, test, fl.StudyConfig(rounds=0))
+    with pytest.raises(FedbenchError, match="efull_reading"):
+        fl.run_study(clients, test, fl.StudyConfig(efull_reading="eigenvalues"))
+
+
+def test_isotropic_efull_makes_the_two_client_precisions_proportional():
+    """Under ``efull_reading: isotropic`` each client's e-full precision is a multiple of I, so the normalised
+    Σ₁⁻¹ and Σ₂⁻¹ coincide (cosine 1), as the paper reports for e-full; the sorted-diagonal reading does not."""
+    g = torch.Generator().manual_seed(1)
+    c, d = 3, 4
+    centers = torch.randn(c, d, generator=g, dtype=torch.float64) * 2
+    y = torch.randint(0, c, (90,), generator=g)
+    x = centers[y] + torch.randn(90, d, generator=g, dtype=torch.float64)
+    clients = [(x[y < 1], y[y < 1]), (x[y >= 1], y[y >= 1])]
+    cfg = fl.StudyConfig(rounds=1, batch_size=16, lr=0.1, sweep_points=3, sweep_rounds=(), methods=("efull_offline",),
+                         efull_reading="isotropic", eps=0.0)
+    res = fl.run_study(clients, (x, y), cfg, num_classes=c)
+    assert res.rounds[0]["precision_cosine"] == pytest.approx(1.0)
+    sorted_cfg = dataclasses.replace(cfg, efull_reading="sorted_diagonal")
+    other = fl.run_study(clients, (x, y), sorted_cfg, num_classes=c)
+    assert other.rounds[0]["precision_cosine"] < 0.999   # the sorted eigenvalues differ between the clients
 
 
 def test_offline_variants_share_cached_round_one_clients(tmp_path):

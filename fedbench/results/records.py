@@ -29,7 +29,8 @@ OFF_WHEN_NULL = (("eval", "map_reference"),)
 OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),     # FedLPA's GD step (results/gaps.md#fedlpa-table6)
                 ("study", "aux_pool", "other_clients"),   # the GMI study's aux data (gaps.md#fedfisher-table6)
                 ("algorithm", "variant", "acar"),   # FedDyn's server (gaps.md#fedlap-table3-feddyn)
-                ("algorithm", "posterior_term", "differentiable"))   # FedLPA rounds >= 2 (gaps.md#fedlpa-figure2)
+                ("algorithm", "posterior_term", "differentiable"),   # FedLPA rounds >= 2 (gaps.md#fedlpa-figure2)
+                ("study", "efull_reading", "sorted_diagonal"))   # FOLA's e-full (gaps.md#fola-figures10-11)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:

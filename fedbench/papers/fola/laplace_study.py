@@ -10,7 +10,9 @@ Curvatures of the mean task loss (1/N Σ CE):
 
 * ``full``: the exact Hessian H = (1/N) Σ_i (diag p_i − p_i p_iᵀ) ⊗ x̃_i x̃_iᵀ (note §5), dense P×P;
 * ``efull``: the *sorted eigenvalues* of that Hessian on the diagonal, in ``eigh`` order and not
-  matched to parameters (the note's reading of "e-full", §1.8-11);
+  matched to parameters (the note's reading of "e-full", §1.8-11; ``efull_reading: sorted_diagonal``), or
+  their mean times the identity (``efull_reading: isotropic``, tr(H)/P · I: an alternative reading tested in
+  results/gaps.md#fola-figures10-11);
 * ``diag``: the diagonal empirical Fisher (1/N) Σ_i (p_i − e_{y_i})² ⊗ x̃_i² (per-sample squares);
 * ``identity``: FedAvg (the product of identity-covariance Gaussians is the weighted mean).
 
@@ -63,6 +65,9 @@ METHODS: Dict[str, Tuple[str, str]] = {
     "fedavg": ("identity", "identity"),
 }
 
+#: how "e-full" turns the full Hessian into a diagonal precision (§1.8-11 reads the first)
+EFULL_READINGS = ("sorted_diagonal", "isotropic")
+
 
 @dataclass
 class StudyConfig:
@@ -78,6 +83,7 @@ class StudyConfig:
     sweep_rounds: Sequence[int] = (1, 10)   # Fig. 10(b) round 1, (c) round 10
     methods: Sequence[str] = tuple(METHODS)
     seed: int = 0
+    efull_reading: str = "sorted_diagonal"   # sorted_diagonal (note §1.8-11) | isotropic (mean eigenvalue · I)
     chunk_size: int = 256             # samples per Hessian chunk (memory only)
     heatmap_size: int = 1000          # Fig. 10(a): first 1000 parameters
 
@@ -94,6 +100,9 @@ class StudyConfig:
                 raise FedbenchError(f"study {key} must be >= 0, got {getattr(self, key)!r}")
         if self.pi1 is not None and not 0 <= float(self.pi1) <= 1:
             raise FedbenchError(f"study pi1 must be in [0, 1] or None, got {self.pi1!r}")
+        if self.efull_reading not in EFULL_READINGS:
+            raise FedbenchError(f"study efull_reading must be one of {', '.join(EFULL_READINGS)}, "
+                                f"got {self.efull_reading!r}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise FedbenchError(f"unknown study method(s) {bad}; choose from {', '.join(METHODS)}")
@@ -175,8 +184,12 @@ def hessian(theta: Tensor, xt: Tensor, chunk_size: int = 256) -> Tensor:
     return acc.dense()
 
 
-def efull_precision(h: Tensor) -> Tensor:
-    """"e-full": the Hessian's eigenvalues (ascending, clamped at 0) as a diagonal (§1.8-11)."""
+def efull_precision(h: Tensor, reading: str = "sorted_diagonal") -> Tensor:
+    """"e-full" as a diagonal: the Hessian's eigenvalues (ascending, clamped at 0; §1.8-11), or with
+    ``reading="isotropic"`` their mean on every entry (tr(H)/P: the Hessian of the CE is PSD, so no eigh)."""
+    if reading == "isotropic":
+        return torch.full((h.shape[0],), float(torch.diagonal(h).sum().clamp_min(0)) / h.shape[0],
+                          dtype=h.dtype, device=h.device)
     return torch.linalg.eigvalsh(h).clamp_min(0)
 
 
@@ -354,7 +367,7 @@ def client_round(theta0: Tensor, xt: Tensor, y: Tensor, *, curvature: str, style
     else:
         f = _curvature(curvature, theta, xt, y, num_classes, cfg.chunk_size)
     if curvature == "efull":
-        f = efull_precision(f)
+        f = efull_precision(f, cfg.efull_reading)
     kind = "dense" if curvature == "full" else "diag"
     r = int(round_idx)
     prec = _comb([(1.0 / r, (kind, f)), ((r - 1) / r, prior_prec)])
@@ -552,7 +565,7 @@ STUDY_KEYS: Dict[str, Any] = {
     "kind": "laplace", "methods": list(METHODS), "lambda_prior": 1.0, "prior_precision": 0.0, "eps": 1e-5,
     "pi1": None, "sweep_points": 101, "sweep_rounds": [1, 10], "chunk_size": 256, "heatmap_size": 1000,
     "max_per_client": 0, "input_pool": 1, "dtype": "float64", "reference": "full_online",
-    "lf_epochs": [1, 2, 5, 10, 20],
+    "lf_epochs": [1, 2, 5, 10, 20], "efull_reading": "sorted_diagonal",
 }
 
 
@@ -585,7 +598,8 @@ def study_settings(cfg) -> Tuple[Dict[str, Any], StudyConfig]:
                         prior_precision=float(st["prior_precision"]), eps=float(st["eps"]),
                         pi1=None if st["pi1"] is None else float(st["pi1"]), sweep_points=st["sweep_points"],
                         sweep_rounds=tuple(st["sweep_rounds"] or ()), methods=tuple(st["methods"]),
-                        seed=int(cfg.seed), chunk_size=st["chunk_size"], heatmap_size=st["heatmap_size"])
+                        seed=int(cfg.seed), chunk_size=st["chunk_size"], heatmap_size=st["heatmap_size"],
+                        efull_reading=str(st["efull_reading"]))
     study.validate()
     if st["kind"] == "correlation" and st["reference"] not in study.methods:
         raise FedbenchError(f"study.reference {st['reference']!r} must be one of study.methods")
