@@ -479,6 +479,21 @@ def test_a_client_with_non_finite_weights_is_named_in_one_line():
         algo.aggregate(msgs, algo.init_state(plist[0]), 1)
 
 
+def test_clients_that_trained_from_a_diverged_global_model_are_blamed_on_the_server():
+    """The released fixed-step GD can leave a layer non-finite (Fig. 2, seed 1, round 46); the next round's
+    clients then all send NaN. The error names the carried layers and the gd_step switch, not the posterior term."""
+    _, _, algo, msgs, st = _round_one({"solver": "ea", "posterior_eta": 0.5})
+    for m in msgs:
+        next(iter(m.payload["params"].values()))[0] = float("nan")
+    first = next(iter(st["params"]))
+    broken = {**st, "params": {**st["params"], first: torch.full_like(st["params"][first], float("inf"))}}
+    with pytest.raises(FedbenchError, match=rf"round 2: client\(s\) \[0, 1\] sent non-finite .*round 1's global "
+                                            rf"model, which the server's GD solve left non-finite \({first}\): "
+                                            r"algorithm.gd_step=stable") as e:
+        algo.aggregate(msgs, broken, 2)
+    assert "posterior_term" not in str(e.value) and "\n" not in str(e.value)
+
+
 def test_two_rounds_through_the_loop():
     setup = _setup((12, 20), dtype=torch.float32)
     algo = ALGORITHMS.get("fedlpa")({"solver": "cg"}, setup)

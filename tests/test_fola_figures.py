@@ -265,7 +265,8 @@ def test_study_settings_are_checked_before_any_data():
     assert st["kind"] == "correlation" and cfg.rounds == 5 and cfg.sweep_rounds == () and st["lf_epochs"] == [1, 5]
     for bad, msg in ((["study.kind=other"], "study.kind"), (["+study.foo=1"], "no key"), (["num_clients=3"], "two clients"),
                      (["local.momentum=0.9"], "plain SGD"), (["study.input_pool=0"], "input_pool"),
-                     (["study.reference=fedavg", "study.methods=[diag_online]"], "reference")):
+                     (["study.reference=fedavg", "study.methods=[diag_online]"], "reference"),
+                     (["+study.efull_reading=eigenvalues"], "efull_reading")):
         with pytest.raises(FedbenchError, match=msg):
             fl.study_settings(compose_run(base + bad))
     with pytest.raises(FedbenchError, match="table.study"):

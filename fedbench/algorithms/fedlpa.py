@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -510,16 +510,26 @@ class FedLPA(Algorithm):
         layer_info.update(lambda_max=lam, gd_step=lr, gd_clamped=float(lr < self.gd_lr))
         return lr
 
-    def _check_finite(self, messages: List[Message], round_idx: int) -> None:
+    def _check_finite(self, messages: List[Message], round_idx: int,
+                      state: Optional[Mapping[str, Any]] = None) -> None:
         """A client whose local training diverged sends NaN/inf weights or factors; say so in one line (the
-        solve would fail on a Cholesky factorisation that names no client)."""
+        solve would fail on a Cholesky factorisation that names no client), with the likeliest cause: a global
+        model the previous round's GD left non-finite, or the paper's unbounded posterior term."""
         bad = [m.client_id for m in messages
                if not all(bool(torch.isfinite(t).all()) for part in ("params", "A", "G")
                           for t in m.payload[part].values())]
         if not bad:
             return
         why = ""
-        if round_idx > 1 and self.eta > 0 and self.posterior_term == "differentiable":
+        carried = (state or {}).get("params") or {}
+        broken = [k for k, v in carried.items() if torch.is_tensor(v) and not bool(torch.isfinite(v).all())]
+        if round_idx > 1 and broken:
+            # the released fixed-step GD can diverge on a layer in any round (gaps.md#fedlpa-figure2); the clients
+            # then train from NaN weights, so blaming their training would mislead
+            why = (f"; they started from round {round_idx - 1}'s global model, which the server's GD solve left "
+                   f"non-finite ({', '.join(broken)}): algorithm.gd_step=stable keeps each layer's step below GD's "
+                   f"stability limit (results/gaps.md#fedlpa-figure2)")
+        elif round_idx > 1 and self.eta > 0 and self.posterior_term == "differentiable":
             why = ("; from round 2 the local loss has the posterior term, whose factors Ā − A_k and Ḡ − G_k are "
                    "indefinite, so it is unbounded below: algorithm.posterior_term=detached_as_released trains as "
                    "the released code does (results/gaps.md#fedlpa-figure2), or lower algorithm.posterior_eta")
@@ -536,7 +546,7 @@ class FedLPA(Algorithm):
                 "gd_min_step": min(r["gd_step"] for r in rows)}, rows
 
     def aggregate(self, messages, state, round_idx):
-        self._check_finite(messages, round_idx)
+        self._check_finite(messages, round_idx, state)
         out = self.solve(messages)
         ea, sol = out["ea"], out["solution"]
         factors = list(state.get("factors") or [None] * self.setup.num_clients)
