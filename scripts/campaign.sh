@@ -241,6 +241,7 @@ step_fedlpa_table11_short() {     # Table 11's 10- and 20-epoch columns (FedLPA 
 # Fig. 2's series, split so that two cores run them side by side: the preset's FedLPA series (about 2 CPU h a seed:
 # start it when a session starts) and its 8 baseline series (about 1.3 h each); the ids are the preset's own series'
 FIG2_FEDLPA='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32}]'
+FIG2_REFERENCE='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32,reference_solve:cg}]'
 FIG2_BASELINES='aggregators=[fedavg,fednova,scaffold,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0},{name:fedlpa_then_fedavg,server_dtype:float32}]'
 step_fedlpa_figure2_mnist() {     # Fig. 2: 50 rounds x 10 local epochs, MNIST beta = 0.5, 9 series x 3 seeds (each series its
                                  # own run and record, resumable round by round, so the step resumes series by series)
@@ -251,6 +252,11 @@ step_fedlpa_figure2_fedlpa() {    # Fig. 2's FedLPA series, seeds 0 and 2: seed 
                                  # 46 (deterministic, about 2.3 CPU h to get there; gaps.md#fedlpa-figure2)
     run experiment=fedlpa/figure2 profile=paper "$FIG2_FEDLPA" "seed=0,2"
     table experiment=fedlpa/figure2 profile=paper
+}
+step_fedlpa_figure2_reference() { # the seed-0 FedLPA series again with every round's system also solved exactly (CG,
+                                  # evaluated, not carried): are its dips the GD solve's? (gaps.md#fedlpa-figure2)
+    run experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0
+    table experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0 --name reference
 }
 step_fedlpa_figure2_baselines() { # Fig. 2's other 8 series, seeds 0-2
     run experiment=fedlpa/figure2 profile=paper "$FIG2_BASELINES"
@@ -428,7 +434,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_baselines fedlpa_table7_onestage
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_baselines fedlpa_table7_onestage
        fola_figures10_12)
 
 usage() {

@@ -192,6 +192,44 @@ def test_gd_step_fixed_stays_out_of_the_run_id():
     assert compute_run_id(compose_config(["algorithm=fedlpa", "algorithm.gd_step=stable"])) != compute_run_id(cfg)
 
 
+def test_reference_solve_is_the_exact_solution_and_is_never_carried():
+    """reference_solve=cg beside a float32 GD that stops far from the solution (5 steps): its model is each layer's
+    dense Kronecker solve (float64), it is evaluated as 'reference', and the carried model, the EA model and the
+    solver's residual are bit for bit those of the run without it."""
+    setup = _setup((12, 20, 9))
+    plist = [_client_params(setup, k, k) for k in range(3)]
+    cfg = {"gd_steps": 5, "gd_lr": 1e-3, "server_dtype": "float32"}
+    algos = {r: ALGORITHMS.get("fedlpa")({**cfg, "reference_solve": r}, setup) for r in ("none", "cg")}
+    out = {r: a.aggregate(_messages(a, setup, plist), a.init_state(plist[0]), 1) for r, a in algos.items()}
+    plain, paired = out["none"], out["cg"]
+    assert all(torch.equal(plain["params"][n], paired["params"][n]) for n in plist[0])
+    assert all(torch.equal(plain["extra_eval"]["ea"][n], paired["extra_eval"]["ea"][n]) for n in plist[0])
+    assert plain["extra_metrics"]["solver_rel_residual"] == paired["extra_metrics"]["solver_rel_residual"]
+    assert set(plain["extra_eval"]) == {"ea"} and "reference_rel_residual" not in plain["extra_metrics"]
+    msgs = _messages(algos["cg"], setup, plist)
+    p = torch.tensor([12, 20, 9], dtype=D) / 41
+    for s in algos["cg"].specs:
+        As = torch.stack([fl.unpack_sym(m.payload["A"][s.module], s.d_in) for m in msgs])
+        Gs = torch.stack([fl.unpack_sym(m.payload["G"][s.module], s.d_out) for m in msgs])
+        Ms = torch.stack([s.to_matrix(m.payload["params"]) for m in msgs])
+        exact = _dense(Gs, As, Ms, p)[2]
+        got = s.to_matrix(paired["extra_eval"]["reference"])
+        assert torch.allclose(got, exact, rtol=0, atol=1e-7 * exact.abs().max())
+        assert (s.to_matrix(paired["params"]) - exact).norm() > 1e3 * (got - exact).norm()   # GD is far from it
+    m = paired["extra_metrics"]
+    assert m["reference_rel_residual"] <= 1e-8 < m["solver_rel_residual"] and m["reference_cg_iters"] >= 1
+
+
+def test_reference_solve_none_stays_out_of_the_run_id():
+    from fedbench.config.compose import compose_config
+    from fedbench.results.records import compute_run_id
+    cfg = compose_config(["algorithm=fedlpa"])
+    bare = OmegaConf.to_container(cfg, resolve=True)
+    del bare["algorithm"]["reference_solve"]
+    assert cfg.algorithm.reference_solve == "none" and compute_run_id(cfg) == compute_run_id(bare)
+    assert compute_run_id(compose_config(["algorithm=fedlpa", "algorithm.reference_solve=cg"])) != compute_run_id(cfg)
+
+
 def test_kron_system_equals_the_per_client_sum():
     """The two-GEMM layout gives Σ_k p_k G_k M A_k exactly as the released per-client loop writes it."""
     Gs, As, Ms, p = _problem(K=4, o=3, i=6, seed=2)
@@ -537,6 +575,8 @@ def test_yaml_keys_are_accepted(name):
     ({"lambda": 0.1}, "unknown algorithm key"),
     ({"gd_step": "adaptive"}, "algorithm.gd_step"),
     ({"gd_step": "stable", "solver": "cg"}, "solver: gd"),
+    ({"reference_solve": "exact"}, "algorithm.reference_solve"),
+    ({"reference_solve": "cg", "solver": "cg"}, "solver: gd or ea"),
 ])
 def test_bad_config_one_line(cfg, needle):
     with pytest.raises(FedbenchError) as e:
@@ -588,3 +628,11 @@ def test_run_py_stable_step_writes_its_per_layer_trace(tmp_path):
     assert all(r["clamped"] == "1" and 0 < float(r["gd_step"]) < 1e6 and float(r["lambda_max"]) > 0 for r in rows)
     assert rec["metrics"]["gd_clamped_layers"] == 5 and math.isfinite(rec["metrics"]["solver_rel_residual"])
     assert rec["metrics"]["gd_min_step"] == min(float(r["gd_step"]) for r in rows)
+
+
+def test_run_py_reference_solve_logs_its_accuracy_beside_the_solver(tmp_path):
+    run(SMALL + ["rounds=1", "algorithm=fedlpa", "algorithm.gd_steps=20", "algorithm.reference_solve=cg"], tmp_path)
+    (rec_path,) = records(tmp_path)
+    m = json.loads(rec_path.read_text())["metrics"]
+    assert 0 <= m["reference_accuracy"] <= 100 and 0 <= m["accuracy"] <= 100 and "reference_nll" in m
+    assert m["reference_rel_residual"] <= 1e-8 < m["solver_rel_residual"]

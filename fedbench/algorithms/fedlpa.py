@@ -21,6 +21,8 @@ Server (§1.2, §1.4), per layer, with p_k = n_k/N (code) or 1/K (paper's unweig
       constant, c = STABLE_STEP_FACTOR = 1 (half the limit 2/L), λ_max by Lanczos on 𝒜; each layer's
       λ_max and step go to the run's trace.csv, the number of clamped layers to ``gd_clamped_layers``
     solver cg: (preconditioned) conjugate gradients on 𝒜(M) = Z with Kronecker products G M A only
+``reference_solve: cg`` also solves every round's system exactly (float64 CG) and evaluates that model beside the
+solver's (``reference_accuracy``) without carrying it: a paired test of whether a round's accuracy is the solve's.
 Parameters outside Linear/Conv2d would be averaged FedAvg-style (§1.4 step 2); FedLPA here needs a
 model whose trainable parameters all sit in Linear/Conv2d (checked in ``__init__``).
 
@@ -72,6 +74,8 @@ FACTOR_DATA = ("clean", "augmented_as_released")
 SERVER_DTYPES = ("float64", "float32")
 CG_PRECONDITIONERS = ("ea", "none")
 GD_STEPS = ("fixed", "stable")
+# a second, diagnostic solve of the same round's system beside the solver's (its model is evaluated, never carried)
+REFERENCE_SOLVES = ("none", "cg")
 # the round >= 2 posterior term (§1.5): differentiable (the paper's local loss) | detached_as_released (the released
 # code evaluates it on net.state_dict(), whose tensors are detached, so it adds no gradient: plain local training)
 POSTERIOR_TERMS = ("differentiable", "detached_as_released")
@@ -328,6 +332,7 @@ class FedLPARoundOneOptions:
     cg_max_iters: int = option(minimum=1)
     cg_precondition: str = option(choices=CG_PRECONDITIONERS)
     gd_step: str = option(choices=GD_STEPS)
+    reference_solve: str = option(choices=REFERENCE_SOLVES)
     report: str = option(choices=REPORTS)
     factor_upload: str = option(choices=FACTOR_UPLOADS)
     factor_data: str = option(choices=FACTOR_DATA)
@@ -358,7 +363,7 @@ class FedLPA(Algorithm):
         self.lam, self.pi, self.weighting, self.solver = o.damping, o.pi, o.weighting, o.solver
         self.gd_steps, self.gd_lr, self.cg_tol, self.cg_max_iters = o.gd_steps, o.gd_lr, o.cg_tol, o.cg_max_iters
         self.cg_precondition, self.report, self.factor_upload = o.cg_precondition, o.report, o.factor_upload
-        self.gd_step = o.gd_step
+        self.gd_step, self.reference_solve = o.gd_step, o.reference_solve
         self.factor_data, self.server_dtype = o.factor_data, getattr(torch, o.server_dtype)
         self.curv_bs = o.curvature_batch_size
         self.eta = getattr(o, "posterior_eta", 0.0)   # fedlpa_then_fedavg: no posterior term, no such option
@@ -366,6 +371,9 @@ class FedLPA(Algorithm):
         if self.gd_step == "stable" and self.solver != "gd":
             raise FedbenchError(f"algorithm.gd_step=stable sets the GD solver's step; it needs solver: gd, "
                                 f"got solver: {self.solver}")
+        if self.reference_solve == "cg" and self.solver == "cg":
+            raise FedbenchError("algorithm.reference_solve=cg solves each round's system a second time with CG beside "
+                                "the solver's; with solver: cg the two are the same, so it needs solver: gd or ea")
         if self.report == "best_of_ea_gd_on_test":
             if self.solver != "gd":
                 raise FedbenchError(f"algorithm.report=best_of_ea_gd_on_test picks between EA and GD; "
@@ -466,11 +474,11 @@ class FedLPA(Algorithm):
         p = p64.to(sdt)
         covered = {n for s in self.specs for n in s.names}
         rest = [n for n in ref if n not in covered]
-        ea, sol = {}, {}
+        ea, sol, ref_sol = {}, {}, {}
         if rest:    # FedAvg-style for non-K-FAC parameters (§1.4 step 2); none for Linear/Conv-only models
             avg = weighted_average([{n: m.payload["params"][n] for n in rest} for m in messages], p.tolist())
-            ea.update(avg)
-            sol.update(avg)
+            for d in (ea, sol, ref_sol):
+                d.update(avg)
         sums, info = {}, {}
         per_client: List[Dict[str, Tuple[Tensor, Tensor]]] = [dict() for _ in messages]
         for s in self.specs:
@@ -492,15 +500,32 @@ class FedLPA(Algorithm):
             # residuals always in float64, so a float32 solve is judged on the system it approximates
             layer_info["rel_residual"] = rel_residual(*up, p64, M)
             layer_info["ea_rel_residual"] = rel_residual(*up, p64, M_ea)
+            pairs = [(ea, M_ea), (sol, M)]
+            if self.reference_solve == "cg":
+                M_ref, layer_info["reference_cg_iters"] = self._reference_cg(up, p64)
+                layer_info["reference_rel_residual"] = rel_residual(*up, p64, M_ref)
+                pairs.append((ref_sol, M_ref))
             info[s.module] = layer_info
-            for d, mat in ((ea, M_ea), (sol, M)):
+            for d, mat in pairs:
                 d.update({n: t.to(ref[n].dtype) for n, t in s.from_matrix(mat).items()})
             sums[s.module] = (A_bar, G_bar)
             for i in range(len(messages)):
                 per_client[i][s.module] = (As[i], Gs[i])
         ea = {n: ea[n] for n in ref}
         sol = {n: sol[n] for n in ref}
-        return {"ea": ea, "solution": sol, "factor_sums": sums, "client_factors": per_client, "info": info}
+        reference = {n: ref_sol[n] for n in ref} if self.reference_solve == "cg" else None
+        return {"ea": ea, "solution": sol, "reference": reference, "factor_sums": sums, "client_factors": per_client,
+                "info": info}
+
+    def _reference_cg(self, up: Sequence[Tensor], p64: Tensor) -> Tuple[Tensor, int]:
+        """reference_solve cg: the layer system solved in float64 by EA-preconditioned CG to ``cg_tol`` from the EA
+        start, whatever the solver and server_dtype: the exact product-of-Gaussians mean of this round's messages, so
+        the solver's model can be judged against it round by round on the same clients (results/gaps.md#fedlpa-figure2)."""
+        Gs, As, Ms = (t.to(torch.float64) for t in up)
+        M_ea, Z, A_bar, G_bar = ea_solve(Gs, As, p64, Ms)
+        M, iters, _ = cg_solve(Gs, As, p64, Z, M_ea, tol=self.cg_tol, max_iters=self.cg_max_iters,
+                               precond=(G_bar, A_bar))
+        return M, iters
 
     def _gd_lr(self, Gs: Tensor, As: Tensor, p: Tensor, Z: Tensor, layer_info: Dict[str, float]) -> float:
         """GD's step on this layer: ``gd_lr`` (fixed), or clamped below the stability limit (stable; recorded)."""
@@ -557,8 +582,13 @@ class FedLPA(Algorithm):
         # whether GD converged, stalled or diverged, and how far EA is from the exact solution
         residuals = {"solver_rel_residual": worst_residual(i["rel_residual"] for i in info),
                      "ea_rel_residual": worst_residual(i["ea_rel_residual"] for i in info)}
+        extra_eval = {"ea": ea}
+        if out["reference"] is not None:    # evaluated as reference_accuracy etc.; the solver's model is carried
+            extra_eval["reference"] = out["reference"]
+            residuals["reference_rel_residual"] = worst_residual(i["reference_rel_residual"] for i in info)
+            residuals["reference_cg_iters"] = float(max(i["reference_cg_iters"] for i in info))
         step_metrics, step_rows = self._step_diagnostics(out["info"])
-        new = {**state, "params": sol, "extra_eval": {"ea": ea}, "solver_info": out["info"],
+        new = {**state, "params": sol, "extra_eval": extra_eval, "solver_info": out["info"],
                "extra_metrics": {**residuals, **step_metrics},
                "factor_sums": out["factor_sums"], "factors": factors, "report_params": None}
         if step_rows:
@@ -572,7 +602,7 @@ class FedLPA(Algorithm):
             acc_gd = evaluate(self.setup.model, sol, self.setup.test_inputs, self.setup.test_y, **ev)["accuracy"]
             acc_ea = evaluate(self.setup.model, ea, self.setup.test_inputs, self.setup.test_y, **ev)["accuracy"]
             new["report_params"] = sol if acc_gd >= acc_ea else ea
-            new["extra_eval"] = {"ea": ea, "gd": sol}
+            new["extra_eval"] = {**extra_eval, "gd": sol}
             new["report_choice"] = "gd" if acc_gd >= acc_ea else "ea"
         return new
 
