@@ -41,6 +41,10 @@ RUNS = {
     "fedlap_cov": TWO_ROUNDS + ["algorithm=fedlap_cov"],
     "fedlap_func": TWO_ROUNDS + ["algorithm=fedlap_func", "algorithm.server_iters=200"],
     "fola": TWO_ROUNDS + ["algorithm=fola"],
+    # FOLA as Fig. 5 runs it (the code's squared minibatch gradient, the live prior removed from it, clipping on)
+    "fola_code": TWO_ROUNDS + ["algorithm=fola", "algorithm.lambda_prior=100.0", "algorithm.round_scaling=code",
+                               "algorithm.fisher.grad=minibatch_sq", "algorithm.fisher.normalize=none",
+                               "local.clip_grad_norm=0.5"],
     "fedcurv": TWO_ROUNDS + ["algorithm=fedcurv"],
     "fedlpa": ["algorithm=fedlpa", "algorithm.gd_steps=200"],
     "fedfisher_diag": ["algorithm=fedfisher_diag"],

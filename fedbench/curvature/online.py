@@ -76,6 +76,7 @@ class OnlineDiagFisher:
         self.unweighted = {n: torch.zeros(s, dtype=dt, device=dv) for n, (s, dt, dv) in self._ref.items()}
         self.steps = 0
         self.weight_sum = 0.0
+        self._sq: Optional[Dict[str, Tensor]] = None   # minibatch_sq's squared-gradient buffers
 
     def _add(self, sq: Mapping[str, Tensor], batch_size: int) -> None:
         w = float(batch_size) / self.num_data
@@ -108,7 +109,9 @@ class OnlineDiagFisher:
                 grads = {n: named[n].grad for n in self.weighted}
                 if any(g is None for g in grads.values()):
                     raise FedbenchError("online Fisher: some parameters have no .grad; call it after backward()")
-            self._add({n: grads[n] * grads[n] for n in self.weighted}, batch_size)
+            if self._sq is None:   # reused every step: a fresh 2 MB tensor per layer and step costs page faults
+                self._sq = {n: torch.empty_like(grads[n]) for n in self.weighted}
+            self._add({n: torch.mul(grads[n], grads[n], out=self._sq[n]) for n in self.weighted}, batch_size)
             return
         if x is None or y is None:
             raise FedbenchError("online Fisher mode 'per_sample_sq' needs the minibatch (x, y)")
