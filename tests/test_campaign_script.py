@@ -106,8 +106,8 @@ def test_campaign_tables_keep_the_committed_collections(cmd):
 
 
 def test_the_split_figure2_steps_run_exactly_the_presets_series():
-    """fedlpa_figure2_fedlpa and _baselines (two cores side by side) together run the preset's 9 series, so their
-    records are the preset's own (a series' id is its composed config)."""
+    """fedlpa_figure2_fedlpa and _baselines (two cores side by side; the baselines the claims read first) together run
+    the preset's 9 series, each once, so their records are the preset's own (a series' id is its composed config)."""
     from fedbench.config import CONF_DIR
     from fedbench.config.aggregators import expand_aggregators
     from fedbench.launch.sweep import compose_run
@@ -118,7 +118,8 @@ def test_the_split_figure2_steps_run_exactly_the_presets_series():
 
     split = [c for step in ("fedlpa_figure2_fedlpa", "fedlpa_figure2_baselines") for c in campaign_commands(step)
              if any(w.startswith("aggregators=") for w in c)]   # the run lines (the collect lines have none)
-    assert len(split) == 2
+    assert len(split) == 3
     preset = series(["experiment=fedlpa/figure2", "profile=paper"])
-    assert len(preset) == 9 and series(split[0]) | series(split[1]) == preset
-    assert not series(split[0]) & series(split[1])
+    parts = [series(c) for c in split]
+    assert len(preset) == 9 and set().union(*parts) == preset
+    assert sum(len(p) for p in parts) == 9   # no series twice
