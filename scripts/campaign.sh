@@ -258,7 +258,7 @@ step_fedlpa_figure2_fedlpa() {    # Fig. 2's FedLPA series, seeds 0 and 2: seed 
 step_fedlpa_figure2_reference() { # the seed-0 FedLPA series again with every round's system also solved exactly (CG,
                                   # evaluated, not carried): are its dips the GD solve's? (gaps.md#fedlpa-figure2)
     run experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0
-    table experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0 --name reference
+    table experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0 '+table.plots=[fedlpa_solver_rounds]' --name reference
 }
 step_fedlpa_figure2_baselines() { # Fig. 2's other 8 series, seeds 0-2: the two the claims read first
     run experiment=fedlpa/figure2 profile=paper "$FIG2_CLAIMED"

@@ -636,3 +636,29 @@ def test_run_py_reference_solve_logs_its_accuracy_beside_the_solver(tmp_path):
     m = json.loads(rec_path.read_text())["metrics"]
     assert 0 <= m["reference_accuracy"] <= 100 and 0 <= m["accuracy"] <= 100 and "reference_nll" in m
     assert m["reference_rel_residual"] <= 1e-8 < m["solver_rel_residual"]
+
+
+def test_solver_rounds_plot_reads_the_reference_columns(tmp_path, monkeypatch):
+    """The plot kind of the reference collection: every history row goes to the figure's data CSV; a run without
+    reference_solve=cg is refused in one line that names the switch."""
+    import pandas as pd
+    from fedbench.papers.fedlpa import solver_rounds
+    from fedbench.report.registry import PLOT_KINDS
+    assert PLOT_KINDS["fedlpa_solver_rounds"] is solver_rounds.plot_kind
+    rows = pd.DataFrame({"round": [1, 2, 3], "accuracy": [90.1, 84.0, 97.9], "reference_accuracy": [88.5, 97.5, 97.9],
+                         "ea_accuracy": [90.5, 96.0, 97.8], "solver_rel_residual": [0.04, 0.2, 0.001],
+                         "reference_rel_residual": [6e-9, 4e-9, 3e-9]})
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for d, h in ((good, rows), (bad, rows.drop(columns=["reference_accuracy"]))):
+        d.mkdir()
+        h.to_csv(d / "history.csv", index=False)
+    runs = pd.DataFrame({"run_id": ["a"], "status": ["ok"], "record_dir": [str(good)], "seed": [0], "method": ["fedlpa"]})
+    monkeypatch.setattr(solver_rounds, "preset_records", lambda *a: runs)
+    h = solver_rounds.solver_histories([], tmp_path)
+    path = solver_rounds.plot_solver_rounds(h, tmp_path / "fig.png", "title")
+    assert path.is_file() and path.stat().st_size > 0
+    data = pd.read_csv(tmp_path / "fig_data.csv")
+    assert data[["round", *solver_rounds.COLUMNS]].equals(rows[["round", *solver_rounds.COLUMNS]])
+    runs.loc[0, "record_dir"] = str(bad)
+    with pytest.raises(FedbenchError, match="reference_accuracy.*algorithm.reference_solve=cg"):
+        solver_rounds.solver_histories([], tmp_path)
