@@ -49,12 +49,21 @@ def _kill_at(monkeypatch, round_idx):
 def test_the_resumable_methods_are_the_expected_ones():
     # a new resumable method must come with its state in the state dict; this list says which are checked below
     assert RESUMABLE == ["fedavg", "feddyn", "fedlap", "fedlap_cov", "fedlap_func", "fedlpa", "fedlpa_then_fedavg",
-                         "fednova", "fedprox", "scaffold"]
+                         "fednova", "fedprox", "fola", "scaffold"]
 
 
-@pytest.mark.parametrize("name", RESUMABLE)
-def test_killed_run_resumes_to_the_same_result(name, tmp_path, monkeypatch):
-    cfg = _cfg(name, "checkpoint_every_s=1e-9")
+# FOLA also as fola/figure5 runs it (the code's squared minibatch gradient with the live prior removed, clipping)
+# and as FOLA-offline (its Fisher from one pass after training)
+FOLA_VARIANTS = {"fola_figure5": ["algorithm.lambda_prior=100.0", "algorithm.round_scaling=code",
+                                  "algorithm.fisher.grad=minibatch_sq", "algorithm.fisher.normalize=none",
+                                  "local.clip_grad_norm=0.5"],
+                 "fola_offline": ["algorithm.fisher.mode=offline", "algorithm.lambda_prior=10.0"]}
+CASES = [pytest.param(n, [], id=n) for n in RESUMABLE] + [pytest.param("fola", v, id=k) for k, v in FOLA_VARIANTS.items()]
+
+
+@pytest.mark.parametrize("name,more", CASES)
+def test_killed_run_resumes_to_the_same_result(name, more, tmp_path, monkeypatch):
+    cfg = _cfg(name, "checkpoint_every_s=1e-9", *more)
     whole = _run(cfg, tmp_path, "whole")
     assert not (whole / "resume.pt").exists()
 

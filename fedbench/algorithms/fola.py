@@ -273,6 +273,7 @@ class FolaOnlineHook:
 class FOLA(Algorithm):
     name = "fola"
     Options = FolaOptions
+    resumable = True   # all cross-round memory (μ_S, ω_S) is in the state dict; the online hook lives one round
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
