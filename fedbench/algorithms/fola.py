@@ -209,10 +209,9 @@ class FolaOnlineHook:
             cid = int(cid)
             g = {n: t[j] for n, t in grads.items()}
             theta = {n: t[j] for n, t in params.items()} if params is not None else self.theta.get(cid)
-            g_task = self._task_gradient(g, theta) if self.prior is not None else g
             acc = self.accs[cid]
-            if self.grad == "minibatch_sq":
-                acc.update(g_task, batch_size=sizes[j])
+            if self.grad == "minibatch_sq":   # per_sample_sq takes the task loss's own per-sample gradients
+                acc.update(self._task_gradient(g, theta) if self.prior is not None else g, batch_size=sizes[j])
             else:
                 if x is not None:
                     xb, yb = x[j][: sizes[j]], y[j][: sizes[j]]
@@ -229,8 +228,8 @@ class FolaOnlineHook:
 
     def _buffers(self, name: str, like: Params) -> Params:
         """Per-hook scratch tensors shaped as ``like``, reused on every step: the per-step arithmetic below is
-        element-wise over every weight, and a fresh tensor per operation costs more in allocation and page faults
-        than the operation (a FOLA step in Fig. 5's MLP spent about a third of its time there). Bit-identical."""
+        element-wise over every weight, and a fresh tensor per operation makes it about 1.3x slower
+        (scripts/bench_fola_online.py). Bit-identical."""
         if name not in self._scratch:
             self._scratch[name] = {n: torch.empty_like(t) for n, t in like.items()}
         return self._scratch[name]
