@@ -48,6 +48,7 @@ bench: install
 	$(PY) scripts/bench_sweep.py
 	$(PY) scripts/bench_compose.py
 	$(PY) scripts/bench_tables.py
+	$(PY) scripts/bench_share_epochs.py
 
 # One command per paper table: make reproduce EXP=fedlpa/table6 PROFILE=quick ARGS="dataset=fmnist"
 EXP     ?=

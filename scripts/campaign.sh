@@ -427,6 +427,13 @@ step_fola_figures10_12() {       # §IV-E softmax-regression study (MNIST, 2 cli
     table experiment=fola/figure11 profile=paper
     table experiment=fola/figure12 profile=paper
 }
+step_fola_figures3_4() {         # reduced grid (fola.md §6 R1): 450 (alpha, N, lr, B, seed) x E = 1, 5, 10, 15, 20, one
+                                 # round; each setting trains once for its five E and three methods (share_epochs, FOLA's
+                                 # stage serves FedAvg's), its stages kept within the preset's cache_max_gb
+    run experiment=fola/figure3 profile=reduced
+    table experiment=fola/figure3 profile=reduced
+    table experiment=fola/figure4 profile=reduced
+}
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -438,7 +445,7 @@ STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_baselines fedlpa_table7_onestage
-       fola_figures10_12)
+       fola_figures10_12 fola_figures3_4)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2

@@ -101,3 +101,30 @@ def test_product_computed_at_other_weights_is_recomputed(tmp_path, capsys):
             assert "other weights" in capsys.readouterr().err
     assert weights_fingerprint(w0) == weights_fingerprint({n: w0[n].clone() for n in reversed(names)})
     assert weights_fingerprint(w0) != weights_fingerprint(w1)
+
+
+def test_budget_evicts_least_recently_used_entries(tmp_path, capsys):
+    """cache_max_gb: after a save the oldest-used entries go until the cache fits; a load marks an entry used."""
+    import os
+
+    payload = {"w": torch.zeros(25_000)}   # about 100 kB an entry
+    probe = ClientStageCache(tmp_path / "probe")
+    probe.save({"k": 0}, payload)
+    size = probe.path(cache_key({"k": 0})).stat().st_size
+    c = ClientStageCache(tmp_path / "c", max_bytes=int(3.5 * size))
+    for k in range(3):
+        c.save({"k": k}, payload)
+        os.utime(c.path(cache_key({"k": k})), (1000 + k, 1000 + k))   # distinct, increasing use times
+    assert c.load({"k": 0}) is not None          # entry 0 is now the most recently used
+    c.save({"k": 3}, payload)                    # 4 entries > 3.5: the least recently used (entry 1) goes
+    left = {k for k in range(4) if c.path(cache_key({"k": k})).exists()}
+    assert left == {0, 2, 3}
+    assert "removed the 1 least recently used entry" in capsys.readouterr().err
+    # without a budget nothing is removed
+    c.max_bytes = None
+    c.save({"k": 4}, payload)
+    assert all(c.path(cache_key({"k": k})).exists() for k in (0, 2, 3, 4))
+    # a budget below one entry keeps the entry just written
+    c.max_bytes = 1
+    c.save({"k": 5}, payload)
+    assert [k for k in range(6) if c.path(cache_key({"k": k})).exists()] == [5]

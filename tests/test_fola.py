@@ -155,7 +155,7 @@ def test_online_fisher_equals_explicit_sum_with_live_prior(backend, momentum, gr
     for cid in range(2):
         assert _maxdiff(res.params[cid], want[cid]["theta"]) < 1e-5      # the replay matches the engine
         for norm in ("none", "steps"):
-            got = algo._hook[cid].fisher(norm)
+            got = obj.step_hooks[0][cid].fisher(norm)
             ref = want[cid][norm][grad]
             scale = max(float(t.abs().max()) for t in ref.values())
             assert _maxdiff(got, ref) < 1e-4 * scale
@@ -171,7 +171,7 @@ def test_total_gradient_switch_differs_from_task_gradient():
         obj = algo.local_objective(state, [0, 1], 2)
         train_clients(setup.model, setup.train, setup.client_indices, state["params"], setup.local, objective=obj,
                       seed=setup.seed, round_idx=2)
-        fs[gradient] = algo._hook[0].fisher("none")
+        fs[gradient] = obj.step_hooks[0][0].fisher("none")
     assert _maxdiff(fs["task"], fs["total"]) > 1e-6
 
 
@@ -182,12 +182,14 @@ def test_fisher_step_normalisation_and_round_one_sum():
     algo = _build("fola", {"fisher": {"grad": "minibatch_sq", "normalize": "none"}, "round_scaling": "code"}, setup)
     obj = algo.local_objective(algo.init_state(init), [0, 1], 1)
     assert obj.terms == []
-    train_clients(setup.model, setup.train, setup.client_indices, init, setup.local, objective=obj, seed=setup.seed,
-                  round_idx=1)
+    res = train_clients(setup.model, setup.train, setup.client_indices, init, setup.local, objective=obj,
+                        seed=setup.seed, round_idx=1)
     want = _explicit_round(setup, init, init, {n: torch.zeros_like(t) for n, t in init.items()}, 0.0, 1,
                            per_sample=False)
-    assert _maxdiff(algo._hook[1].fisher("none"), want[1]["none"]["minibatch_sq"]) < 1e-6
-    assert _maxdiff(algo._hook[1].fisher("steps"), want[1]["steps"]["minibatch_sq"]) < 1e-6
+    assert _maxdiff(obj.step_hooks[0][1].fisher("none"), want[1]["none"]["minibatch_sq"]) < 1e-6
+    assert _maxdiff(obj.step_hooks[0][1].fisher("steps"), want[1]["steps"]["minibatch_sq"]) < 1e-6
+    # the training result carries the hook's output (normalize: none), which client_message reads
+    assert _maxdiff(res.extras["online_fisher"][1], want[1]["none"]["minibatch_sq"]) < 1e-6
 
 
 # ---- prior gradient switch ------------------------------------------------------------------------------------

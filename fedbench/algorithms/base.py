@@ -101,6 +101,12 @@ class Algorithm:
         """
         return None
 
+    def plain_training(self, round_idx: int) -> bool:
+        """True when this round's local training is the plain one (plain start, no loss terms) and its step hooks
+        only observe (e.g. FOLA's round-1 online Fisher): its cached stage then also serves as the plain stage
+        (``client_stage_key`` {}), so FedAvg & co. load these weights instead of training them again."""
+        return False
+
     def start_params(self, state: Dict[str, Any], client_ids: Sequence[int]) -> Params | List[Params]:
         return state["params"]
 

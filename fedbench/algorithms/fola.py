@@ -173,14 +173,16 @@ class FolaOnlineHook:
     ``prior``: (c_r, μ_S, ω_S) of a live prior term whose gradient is in the engine's gradient (to be
     removed for ``gradient: task``), or None. ``after_backward`` also accepts the pre-step weights and
     the minibatch as keywords (``params=``, ``x=``, ``y=``) should the engine ever pass them; then no
-    replay is needed.
+    replay is needed. ``outputs(client_id)``: the client's Fisher so far (normalised by ``normalize``), which
+    the engine puts into the training result (and its epoch snapshots) as ``extras["online_fisher"]``.
     """
 
     def __init__(self, setup, client_ids: Sequence[int], start: Params, round_idx: int, *, grad: str,
                  gradient: str, prior: Optional[tuple] = None, worker: Optional[torch.nn.Module] = None,
-                 chunk_size: int = 256):
+                 chunk_size: int = 256, normalize: str = "none"):
         self.setup = setup
         self.grad = grad
+        self.normalize = normalize
         self.prior = prior if gradient == "task" else None
         self.worker = worker
         self.loss = loss_kind(setup)
@@ -200,6 +202,9 @@ class FolaOnlineHook:
 
     def __getitem__(self, cid: int) -> OnlineDiagFisher:
         return self.accs[int(cid)]
+
+    def outputs(self, cid: int) -> Dict[str, Params]:
+        return {"online_fisher": self.accs[int(cid)].fisher(self.normalize)}
 
     @torch.no_grad()
     def after_backward(self, client_ids, grads: Mapping[str, Tensor], batch_sizes, *, params=None, x=None,
@@ -290,7 +295,6 @@ class FOLA(Algorithm):
             raise FedbenchError("algorithm.agg_eps = 0 with prior_init_precision = 0 divides by zero where every "
                                 "client's precision is 0; set agg_eps > 0 (the code uses 1e-5)")
         self._worker = copy.deepcopy(setup.model) if setup is not None else None
-        self._hook: Optional[FolaOnlineHook] = None
 
     # server
     def init_state(self, params):
@@ -300,13 +304,21 @@ class FOLA(Algorithm):
         return {"params": state["params"], "precision": state["precision"]}
 
     def client_stage_key(self, round_idx):
-        """Round-1 clients of FOLA-offline train plainly (ω_S = 0 or no live prior), so they share the
-        cached FedAvg clients and cache their offline Fisher beside them. The online Fisher is
-        accumulated during training and cannot be recovered from cached weights: not cacheable."""
-        if self.fisher_mode != "offline" or round_idx != 1:
+        """Round-1 clients train plainly when no prior term is live (ω_S = 0 or no live prior). FOLA-offline's
+        then share the cached FedAvg clients and cache their offline Fisher beside them. The online Fisher is
+        accumulated during training (the hook's output, stored with the trained weights), so FOLA-online's
+        round-1 stage has its own key: cached, and reused by every λ and rerun, but not FedAvg's entry."""
+        if round_idx != 1 or not (self.prior_grad != "live" or self.lam == 0 or self.gamma == 0):
             return None
-        plain = self.prior_grad != "live" or self.lam == 0 or self.gamma == 0
-        return {} if plain else None
+        if self.fisher_mode == "offline":
+            return {}
+        return {"online_fisher": {"grad": self.fisher_grad, "normalize": self.fisher_normalize,
+                                  "gradient": self.fisher_gradient, "chunk_size": self.chunk}}
+
+    def plain_training(self, round_idx):
+        """Round 1 without a live prior: plain SGD; the online hook only reads gradients and replays batches with its
+        own generator (tests/test_share_epochs.py checks the weights equal FedAvg's bit for bit)."""
+        return self.client_stage_key(round_idx) is not None
 
     def _prior_active(self, state, round_idx) -> bool:
         return (self.prior_grad == "live" and prior_coefficient(self.lam, round_idx, self.round_scaling) > 0
@@ -321,13 +333,11 @@ class FOLA(Algorithm):
             terms = [QuadraticPriorTerm(scale=coef)]
             shared = {"prior_mean": state["params"], "prior_precision": state["precision"]}
         hooks = []
-        self._hook = None
         if self.fisher_mode == "online":
             prior = (coef, state["params"], state["precision"]) if live else None
-            self._hook = FolaOnlineHook(self.setup, client_ids, state["params"], round_idx, grad=self.fisher_grad,
-                                        gradient=self.fisher_gradient, prior=prior, worker=self._worker,
-                                        chunk_size=self.chunk)
-            hooks = [self._hook]
+            hooks = [FolaOnlineHook(self.setup, client_ids, state["params"], round_idx, grad=self.fisher_grad,
+                                    gradient=self.fisher_gradient, prior=prior, worker=self._worker,
+                                    chunk_size=self.chunk, normalize=self.fisher_normalize)]
         return LocalObjective(terms=terms, shared_ctx=shared, step_hooks=hooks)
 
     def client_products(self, client_id, params, state, round_idx):
@@ -337,8 +347,8 @@ class FOLA(Algorithm):
                                        normalize=self.fisher_normalize, chunk_size=self.chunk)]
 
     def client_message(self, client_id, params, result, pos, state, round_idx, products):
-        if self.fisher_mode == "online":
-            fisher = self._hook[client_id].fisher(self.fisher_normalize)
+        if self.fisher_mode == "online":   # the hook's output, from this training or the cached stage
+            fisher = result.extras["online_fisher"][pos]
         else:
             fisher = products["fisher"]["fisher"]
         omega = client_precision(fisher, state["precision"], round_idx, self.round_scaling, self.fisher_mode)
@@ -355,5 +365,4 @@ class FOLA(Algorithm):
             mu, omega = diag_gaussian_product(means, precs, w, eps=self.eps, eps_mode=self.eps_mode)
         else:
             mu, omega = weighted_average(means, w), weighted_average(precs, w)
-        self._hook = None
         return {**state, "params": mu, "precision": omega}

@@ -132,12 +132,28 @@ def check_top_level(c: Mapping) -> None:
             _bool(key, c[key])
     if c.get("checkpoint_every_s") is not None:
         _number("checkpoint_every_s", c["checkpoint_every_s"], ge=0)
+    _number("cache_max_gb", c.get("cache_max_gb"), gt=0, null_ok=True)
     if not isinstance(c.get("tags", []), list):
         _fail("tags", c.get("tags"), "a list, e.g. tags=[a,b]")
+    check_share_epochs(c)
     if c.get("profile") is not None and not isinstance(c["profile"], str):
         _fail("profile", c["profile"], "null or a profile name of the preset's table")
     if c.get("table") is not None and not isinstance(c["table"], Mapping):
         _fail("table", c["table"], "null or a mapping (set by experiment presets)")
+
+
+def check_share_epochs(c: Mapping) -> None:
+    """share_epochs: distinct epoch counts >= 1; the shared stage lives in the on-disk client-stage cache."""
+    share = c.get("share_epochs")
+    if share is None or (isinstance(share, list) and not share):
+        return
+    if not (isinstance(share, list) and all(isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in share)
+            and len(set(share)) == len(share)):
+        _fail("share_epochs", share, "a list of distinct local epoch counts >= 1, e.g. share_epochs=[1,5,10,15,20], "
+                                     "or [] (off)")
+    if not c.get("cache", True):
+        raise FedbenchError("share_epochs stores round 1's client stage at each listed E in the client-stage cache "
+                            "for the runs of the other E values; it needs cache=true")
 
 
 def check_local(local: Mapping) -> None:

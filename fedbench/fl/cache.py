@@ -40,9 +40,11 @@ class ClientStageCache:
     """On disk under ``root``; or, with ``root=None`` and a ``memory`` dict, in memory only (``cache=false`` with an
     aggregator list: the list's methods still share one trained stage, nothing is written)."""
 
-    def __init__(self, root: Optional[str | os.PathLike], memory: Optional[Dict[str, Any]] = None):
+    def __init__(self, root: Optional[str | os.PathLike], memory: Optional[Dict[str, Any]] = None,
+                 max_bytes: Optional[int] = None):
         self.root = Path(root) if root else None
         self.memory = memory if self.root is None else None
+        self.max_bytes = max_bytes   # on disk: after a save, the least recently used entries go until it fits
         self.hits = 0
         self.misses = 0
         self.served_s = 0.0   # what the entries served from the cache cost when they were computed (seconds)
@@ -53,6 +55,13 @@ class ClientStageCache:
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pt"
+
+    def contains(self, parts: Dict[str, Any]) -> bool:
+        """Whether an entry exists for ``parts`` (not checked, not counted as a hit)."""
+        if not self.enabled:
+            return False
+        key = cache_key(parts)
+        return key in self.memory if self.memory is not None else self.path(key).exists()
 
     def load(self, parts: Dict[str, Any], fingerprint: Optional[str] = None) -> Optional[Dict[str, Any]]:
         if not self.enabled:
@@ -82,6 +91,8 @@ class ClientStageCache:
                                            "tell them apart, or retrained clients)")
             self.hits += 1
             self.served_s += float(entry.get("seconds") or 0.0)
+            if self.max_bytes is not None:
+                _touch(path)   # recently used: evicted last
             return entry["payload"]
         except Exception as e:  # corrupt / torn / foreign / unchecked file: recompute, never use
             return self._discard(path, f"is unusable ({type(e).__name__})")
@@ -121,6 +132,37 @@ class ClientStageCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        if self.max_bytes is not None:
+            self.evict(keep=path)
+
+    def evict(self, keep: Optional[Path] = None) -> int:
+        """Remove the least recently used entries (oldest modification time: a load touches its entry) until the
+        cache fits ``max_bytes``; ``keep`` stays. Returns how many went. A sweep of single-use stages (FOLA Fig. 3's
+        one-round settings) would otherwise fill the disk."""
+        entries = []
+        for path in self.root.glob("*/*.pt"):
+            try:
+                st = path.stat()
+            except OSError:   # removed by another process meanwhile
+                continue
+            entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        removed, freed = 0, 0
+        for _, size, path in sorted(entries, key=lambda e: e[0]):
+            if total - freed <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            removed, freed = removed + 1, freed + size
+        if removed:
+            print(f"fedbench: client-stage cache over its {self.max_bytes / 1e9:g} GB budget (cache_max_gb): removed "
+                  f"the {removed} least recently used entr{'y' if removed == 1 else 'ies'} ({freed / 1e9:.2f} GB)",
+                  file=sys.stderr)
+        return removed
 
     def get_or_compute(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]],
                        device: Optional[torch.device] = None, fingerprint: Optional[str] = None) -> Dict[str, Any]:
@@ -146,6 +188,13 @@ class ClientStageCache:
         payload = compute()
         self.save(parts, _to(payload, torch.device("cpu")), seconds=time.perf_counter() - t0, fingerprint=fingerprint)
         return payload
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def weights_fingerprint(params: Dict[str, torch.Tensor]) -> str:

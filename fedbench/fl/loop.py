@@ -1,6 +1,7 @@
 """The round loop shared by every method: broadcast, local training, messages, aggregation, evaluation."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
@@ -45,6 +46,7 @@ class FLSetup:
     server_unlabeled: Optional[Tensor] = None   # normalised inputs of the server's unlabelled set (no labels), or None
     round_metrics: Optional[Callable[[Any], Dict[str, float]]] = None   # more metrics of the global model per
                                           # evaluated round (eval.map_reference: its distance to the centralised MAP)
+    share_epochs: tuple = ()              # config share_epochs: round 1's client stage trained once for all of them
 
     @property
     def num_clients(self) -> int:
@@ -157,18 +159,18 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
     epochs = setup.local.epochs
     n_mem = int(algo.num_members(r))
 
-    def train(m: int = 0):
+    def train(m: int = 0, local: Optional[LocalTrainConfig] = None, snapshots=()):
         # member 0 = the plain training; member m >= 1: the algorithm's m-th start, own shuffling seed
         own = algo.local_train(state, ids, r, setup.seed, bar) if m == 0 else None
         if own is not None:   # the method trains its own clients (e.g. FedOV)
             return own
         start = algo.start_params(state, ids) if m == 0 else algo.member_start_params(state, ids, m, r)
         return train_clients(setup.model, setup.train, setup.client_indices, start,
-                             setup.local, objective=algo.local_objective(state, ids, r),
+                             local or setup.local, objective=algo.local_objective(state, ids, r),
                              seed=setup.seed if m == 0 else member_seed(setup.seed, m),
                              round_idx=r, client_ids=ids, backend=setup.backend,
                              conv_strategy=setup.conv_strategy, memory_format=setup.memory_format,
-                             progress=bar)
+                             progress=bar, snapshot_epochs=snapshots)
 
     stage_key = algo.client_stage_key(r)
     cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
@@ -176,20 +178,50 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
     stage = {**setup.stage_parts, "round": r, "local_objective": stage_key} if cacheable else None
     if n_mem > 1:
         bar.total += (n_mem - 1) * max(epochs, 0) * setup.num_clients
+    shared = sorted(set(setup.share_epochs)) if cacheable and r == 1 and epochs in setup.share_epochs else [epochs]
     results, cached = [], cacheable
     for m in range(n_mem):
         if cacheable:
             hits = setup.cache.hits
-            key = {**stage, "product": "local_training"}
-            if m > 0:   # member 0's key is the plain training's: shared with every other method
-                key["member"] = algo.member_key(m)
-            payload = setup.cache.get_or_compute(key, lambda: _result_payload(train(m)), setup.device)
+            # a method whose training is plain apart from observing hooks also fills the plain stage (FedAvg's)
+            also_plain = m == 0 and stage_key != {} and algo.plain_training(r)
+
+            def key(e: int, objective=stage_key) -> Dict[str, Any]:
+                # member 0's key is the plain training's: shared with every other method
+                k = {**stage, "local_objective": objective, "product": "local_training"}
+                if e != epochs:
+                    k["local"] = {**stage["local"], "epochs": e}
+                return {**k, "member": algo.member_key(m)} if m > 0 else k
+
+            def compute() -> Dict[str, Any]:
+                trained = _train_epochs(setup, train, m, epochs, shared, bar)
+                for e, res in trained.items():
+                    payload = _result_payload(res)
+                    if e != epochs and not setup.cache.contains(key(e)):
+                        setup.cache.save(key(e), payload, seconds=res.seconds)
+                    if also_plain and not setup.cache.contains(key(e, {})):
+                        setup.cache.save(key(e, {}), {k: v for k, v in payload.items() if k != "extras"},
+                                         seconds=res.seconds)
+                return _result_payload(trained[epochs])
+
+            payload = setup.cache.get_or_compute(key(epochs), compute, setup.device)
             results.append(TrainResult(payload["params"], payload["steps"], payload["mean_loss"],
-                                       payload["seconds"]))
+                                       payload["seconds"], payload.get("extras") or {}))
             cached = cached and setup.cache.hits > hits
         else:
             results.append(train(m))
     return results, cached, stage
+
+
+def _train_epochs(setup: FLSetup, train, m: int, epochs: int, shared: List[int], bar) -> Dict[int, TrainResult]:
+    """Member m's training, as {E: result} for every E in ``shared`` (``share_epochs``, else just this run's E):
+    max(shared) epochs once, the shorter ones its snapshots (bit for bit their own trainings)."""
+    last = max(shared)
+    if last == epochs and len(shared) == 1:
+        return {epochs: train(m)}
+    bar.total += (last - epochs) * setup.num_clients
+    res = train(m, dataclasses.replace(setup.local, epochs=last), [e for e in shared if e < last])
+    return {e: res if e == last else res.snapshots[e] for e in shared}
 
 
 def evaluate_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], result: TrainResult,
@@ -219,4 +251,7 @@ def member_seed(seed: int, member: int) -> int:
 
 
 def _result_payload(res: TrainResult) -> Dict[str, Any]:
-    return {"params": res.params, "steps": list(res.steps), "mean_loss": list(res.mean_loss), "seconds": res.seconds}
+    out = {"params": res.params, "steps": list(res.steps), "mean_loss": list(res.mean_loss), "seconds": res.seconds}
+    if res.extras:   # step hooks' outputs (FOLA's online Fisher): part of the stage
+        out["extras"] = res.extras
+    return out

@@ -15,7 +15,8 @@ from fedbench.numerics import is_current
 
 # Keys that say where/how a run executes, not what it computes: excluded from run_id.
 NON_IDENTITY_KEYS = ("hardware", "logger", "paths", "hydra", "force", "progress", "tags", "cache", "table",
-                     "save_model", "tuning", "checkpoint_every_s")   # tuning=on only picks which runs to make (the final run is a plain one)
+                     "save_model", "tuning", "checkpoint_every_s", "share_epochs",
+                     "cache_max_gb")   # tuning=on only picks which runs to make (the final run is a plain one); share_epochs only how round 1 is trained
 
 
 # Optional blocks that enter the identity only when switched on (size > 0), so that adding such a feature

@@ -248,12 +248,19 @@ def build_setup(cfg: DictConfig, launch_dir: Optional[str] = None,
                  memory_format=str(cfg.hardware.get("memory_format", "contiguous")),
                  eval_batch_size=int(cfg.eval.batch_size), ece_bins=int(cfg.eval.ece_bins),
                  local_accuracy=bool(cfg.eval.get("local_accuracy", False)),
-                 cache=ClientStageCache(absolute_path(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache),
+                 cache=ClientStageCache(absolute_path(cache_dir, launch_dir) if cache_dir else None, memory=memory_cache,
+                                        max_bytes=_cache_budget(cfg)),
                  stage_parts=client_stage_parts(cfg, groups, seed, pretrained, server),
-                 server_val=server_val, server_unlabeled=server_unlabeled)
+                 server_val=server_val, server_unlabeled=server_unlabeled,
+                 share_epochs=tuple(int(e) for e in (cfg.get("share_epochs") or ())))
     if cfg.eval.get("map_reference") is not None:   # FedLap App. D.2: distance to the centralised MAP per round
         fl.round_metrics = map_reference_metrics(fl, init_params, float(cfg.eval.map_reference))
     return RunSetup(fl, init_params, data, parts, pretrained, backend)
+
+
+def _cache_budget(cfg: DictConfig) -> Optional[int]:
+    gb = cfg.get("cache_max_gb")
+    return None if gb is None else int(float(gb) * 1e9)
 
 
 def map_reference_metrics(fl: FLSetup, init_params: Dict[str, Tensor], delta: float):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -70,7 +70,9 @@ class LocalObjective:
     terms: extra loss terms (see fedbench.train.terms), each called as term(params, ctx) with
     ctx = {**shared_ctx, **client_ctx[k]}; step_hooks: objects with
     ``after_backward(client_ids, grads, batch_sizes)`` called once per optimiser step with the
-    (stacked) gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator).
+    (stacked) gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator). A hook that
+    also has ``outputs(client_id) -> dict`` reports what it computed for a client: read at the end of
+    training (and at every snapshot epoch) into ``TrainResult.extras[key][position]``.
     """
 
     terms: List[LossTerm] = field(default_factory=list)
@@ -85,6 +87,8 @@ class TrainResult:
     steps: List[int]               # optimiser steps per client (FedNova's tau_k)
     mean_loss: List[float]         # mean training loss over the last epoch per client
     seconds: float
+    extras: Dict[str, list] = field(default_factory=dict)   # step hooks' outputs per client (LocalObjective)
+    snapshots: Dict[int, "TrainResult"] = field(default_factory=dict)   # epoch e -> the result after e epochs
 
 
 def data_loss(out: Tensor, y: Tensor, task: str) -> Tensor:
@@ -115,8 +119,13 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
                   objective: Optional[LocalObjective] = None, seed: int = 0, round_idx: int = 0,
                   client_ids: Optional[Sequence[int]] = None, backend: str = "serial",
                   conv_strategy: str | dict = "auto", memory_format: str = "contiguous",
-                  progress=None) -> TrainResult:
+                  progress=None, snapshot_epochs: Sequence[int] = ()) -> TrainResult:
     """Train each client from ``start`` (one shared dict or one per client) for local.epochs.
+
+    snapshot_epochs: epochs e < local.epochs after which the clients' state is also kept, as
+    ``result.snapshots[e]``: bit for bit the result of training e epochs (the batches of epoch e do not
+    depend on how many follow, and nothing in local training reads local.epochs); ``seconds`` is what those
+    e epochs cost.
 
     memory_format (serial backend): "channels_last" runs the worker's convolutions on NHWC tensors,
     1.1-1.8x faster LeNet / SimpleCNN steps on one CPU thread of a loaded 2-core machine
@@ -132,18 +141,36 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
     starts = [start] * k if isinstance(start, dict) else list(start)
     if len(starts) != k:
         raise FedbenchError(f"got {len(starts)} start states for {k} clients")
+    snaps = sorted({int(e) for e in snapshot_epochs})
+    if any(not 1 <= e < local.epochs for e in snaps):
+        raise FedbenchError(f"snapshot epochs {snaps} must lie in [1, local.epochs) = [1, {local.epochs})")
     t0 = time.perf_counter()
     if local.epochs == 0 or k == 0:
         params = [{n: t.detach().clone() for n, t in s.items()} for s in starts]
         return TrainResult(params, [0] * k, [float("nan")] * k, time.perf_counter() - t0)
     if backend == "serial":
         out = _train_serial(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
-                            memory_format == "channels_last", progress)
+                            memory_format == "channels_last", progress, snaps)
     else:
         out = _train_batched(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
-                             conv_strategy, progress)
+                             conv_strategy, progress, snaps)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _hook_outputs(objective: LocalObjective, client_id: int) -> Dict[str, Any]:
+    """What the step hooks computed for one client so far (``outputs``), by key."""
+    out: Dict[str, Any] = {}
+    for h in objective.step_hooks:
+        if hasattr(h, "outputs"):
+            out.update(h.outputs(client_id))
+    return out
+
+
+def _extras(per_client: List[Dict[str, Any]]) -> Dict[str, list]:
+    """[{key: value} per client] -> {key: [value per client]}."""
+    keys = [key for d in per_client for key in d]
+    return {key: [d.get(key) for d in per_client] for key in dict.fromkeys(keys)}
 
 
 def _ctx(objective: LocalObjective, i: int) -> dict:
@@ -161,13 +188,16 @@ def _channels_last(x: Tensor) -> Tensor:
 
 
 def _train_serial(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
-                  channels_last, progress) -> TrainResult:
+                  channels_last, progress, snaps=()) -> TrainResult:
     worker = copy.deepcopy(model)
     if channels_last:   # copy_ below keeps each parameter's NHWC layout
         worker = worker.to(memory_format=torch.channels_last)
     named = dict(worker.named_parameters())
-    results, steps, losses = [], [], []
+    results, steps, losses, outputs = [], [], [], []
+    # per snapshot epoch: the clients' weights, steps, last-epoch losses, seconds and hook outputs
+    at = {e: ([], [], [], [], []) for e in snaps}
     for i, (idx_all, st) in enumerate(zip(client_indices, starts)):
+        t_client = time.perf_counter()
         with torch.no_grad():
             for n, p in named.items():
                 p.copy_(st[n])
@@ -205,14 +235,28 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
                 n_steps += 1
             if progress is not None:
                 progress.update(1)
+            if epoch + 1 in at:
+                p_e, s_e, l_e, t_e, o_e = at[epoch + 1]
+                p_e.append({n: p.detach().clone(memory_format=torch.contiguous_format) for n, p in named.items()})
+                s_e.append(n_steps)
+                l_e.append(_mean_loss(last_epoch_loss))
+                t_e.append(time.perf_counter() - t_client)
+                o_e.append(_hook_outputs(objective, client_ids[i]))
         results.append({n: p.detach().clone(memory_format=torch.contiguous_format) for n, p in named.items()})
         steps.append(n_steps)
-        losses.append(float(torch.stack(last_epoch_loss).mean()) if last_epoch_loss else float("nan"))
-    return TrainResult(results, steps, losses, 0.0)
+        losses.append(_mean_loss(last_epoch_loss))
+        outputs.append(_hook_outputs(objective, client_ids[i]))
+    snapshots = {e: TrainResult(p_e, s_e, l_e, sum(t_e), _extras(o_e)) for e, (p_e, s_e, l_e, t_e, o_e) in at.items()}
+    return TrainResult(results, steps, losses, 0.0, _extras(outputs), snapshots)
+
+
+def _mean_loss(epoch_losses: List[Tensor]) -> float:
+    return float(torch.stack(epoch_losses).mean()) if epoch_losses else float("nan")
 
 
 def _train_batched(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
-                   conv_strategy, progress) -> TrainResult:
+                   conv_strategy, progress, snaps=()) -> TrainResult:
+    t0, snapshots = time.perf_counter(), {}   # snapshots: epoch -> TrainResult
     k = len(client_indices)
     dev = data.x.device
     bsz = local.batch_size
@@ -284,9 +328,19 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
                 n_steps[i] += 1
         if progress is not None:
             progress.update(k)
-    losses = (loss_sums / loss_counts.clamp_min(1)).tolist()
-    out = [{n: params[n][i].detach().clone() for n in names} for i in range(k)]
-    return TrainResult(out, n_steps, losses, 0.0)
+        if epoch + 1 in snaps:
+            snapshots[epoch + 1] = _batched_result(params, n_steps, loss_sums / loss_counts.clamp_min(1), objective,
+                                                   client_ids, time.perf_counter() - t0)
+    out = _batched_result(params, n_steps, loss_sums / loss_counts.clamp_min(1), objective, client_ids, 0.0)
+    out.snapshots = snapshots
+    return out
+
+
+def _batched_result(params: Params, n_steps, losses: Tensor, objective, client_ids, seconds) -> TrainResult:
+    """The clients' state now: weights (unstacked copies), steps, mean losses of this epoch, hooks' outputs."""
+    out = [{n: t[i].detach().clone() for n, t in params.items()} for i in range(len(client_ids))]
+    return TrainResult(out, list(n_steps), losses.tolist(), seconds,
+                       _extras([_hook_outputs(objective, cid) for cid in client_ids]))
 
 
 def _epoch_layout(batches: List[List[Tensor]], host_indices: List[Tensor], bsz: int, dev) -> Tuple[Tensor, Tensor]:
