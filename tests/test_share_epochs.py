@@ -107,6 +107,13 @@ def test_fola_online_round_one_is_cached_with_its_fisher_and_serves_fedavg(tmp_p
     assert not ALGORITHMS.get("fola")(live, setup).plain_training(1)
 
 
+def test_a_method_training_its_own_clients_does_not_share(tmp_path):
+    """centralized trains its pooled client itself (local_train): share_epochs leaves it alone, same result."""
+    got, logs, setup = _run(tmp_path, 2, {"name": "centralized"}, share=(1, 2, 3))
+    want, _, _ = _run(tmp_path, 2, {"name": "centralized"}, cache=False)
+    assert _equal(got["params"], want["params"]) and not logs[0].cached_clients and setup.cache.misses == 1
+
+
 def test_share_epochs_validation_and_run_id():
     check_share_epochs({"share_epochs": [1, 5, 20]})
     check_share_epochs({"share_epochs": []})

@@ -307,7 +307,8 @@ class FOLA(Algorithm):
         """Round-1 clients train plainly when no prior term is live (ω_S = 0 or no live prior). FOLA-offline's
         then share the cached FedAvg clients and cache their offline Fisher beside them. The online Fisher is
         accumulated during training (the hook's output, stored with the trained weights), so FOLA-online's
-        round-1 stage has its own key: cached, and reused by every λ and rerun, but not FedAvg's entry."""
+        round-1 stage has its own key (cached, reused by every λ and rerun); ``plain_training`` stores its weights
+        as FedAvg's stage too."""
         if round_idx != 1 or not (self.prior_grad != "live" or self.lam == 0 or self.gamma == 0):
             return None
         if self.fisher_mode == "offline":

@@ -178,7 +178,10 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
     stage = {**setup.stage_parts, "round": r, "local_objective": stage_key} if cacheable else None
     if n_mem > 1:
         bar.total += (n_mem - 1) * max(epochs, 0) * setup.num_clients
-    shared = sorted(set(setup.share_epochs)) if cacheable and r == 1 and epochs in setup.share_epochs else [epochs]
+    # share_epochs: round 1 of an engine-trained stage (a method with its own local_train, e.g. FedOV, trains alone)
+    engine_trained = type(algo).local_train is Algorithm.local_train
+    shared = sorted(set(setup.share_epochs)) if cacheable and r == 1 and engine_trained \
+        and epochs in setup.share_epochs else [epochs]
     results, cached = [], cacheable
     for m in range(n_mem):
         if cacheable:
