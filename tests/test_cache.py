@@ -119,6 +119,7 @@ def test_budget_evicts_least_recently_used_entries(tmp_path, capsys):
     c.save({"k": 3}, payload)                    # 4 entries > 3.5: the least recently used (entry 1) goes
     left = {k for k in range(4) if c.path(cache_key({"k": k})).exists()}
     assert left == {0, 2, 3}
+    assert c._bytes == 3 * size   # the running tally is the scanned size after eviction
     assert "removed the 1 least recently used entry" in capsys.readouterr().err
     # without a budget nothing is removed
     c.max_bytes = None

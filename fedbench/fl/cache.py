@@ -45,6 +45,7 @@ class ClientStageCache:
         self.root = Path(root) if root else None
         self.memory = memory if self.root is None else None
         self.max_bytes = max_bytes   # on disk: after a save, the least recently used entries go until it fits
+        self._bytes: Optional[int] = None   # the cache's size at the last scan plus this process's saves since
         self.hits = 0
         self.misses = 0
         self.served_s = 0.0   # what the entries served from the cache cost when they were computed (seconds)
@@ -132,13 +133,19 @@ class ClientStageCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
-        if self.max_bytes is not None:
-            self.evict(keep=path)
+        if self.max_bytes is not None:   # scan the directory only when the tally says the budget may be exceeded
+            size = path.stat().st_size
+            if self._bytes is None or self._bytes + size > self.max_bytes:
+                self.evict(keep=path)
+            else:
+                self._bytes += size
 
     def evict(self, keep: Optional[Path] = None) -> int:
         """Remove the least recently used entries (oldest modification time: a load touches its entry) until the
         cache fits ``max_bytes``; ``keep`` stays. Returns how many went. A sweep of single-use stages (FOLA Fig. 3's
-        one-round settings) would otherwise fill the disk."""
+        one-round settings) would otherwise fill the disk. ``save`` calls it on its first save and then only when its
+        running tally (last scan + own saves) passes the budget, not on every save (a setting at N = 100 saves
+        hundreds of Fisher entries); other processes' saves are counted at the next scan."""
         entries = []
         for path in self.root.glob("*/*.pt"):
             try:
@@ -158,6 +165,7 @@ class ClientStageCache:
             except OSError:
                 continue
             removed, freed = removed + 1, freed + size
+        self._bytes = total - freed
         if removed:
             print(f"fedbench: client-stage cache over its {self.max_bytes / 1e9:g} GB budget (cache_max_gb): removed "
                   f"the {removed} least recently used entr{'y' if removed == 1 else 'ies'} ({freed / 1e9:.2f} GB)",
