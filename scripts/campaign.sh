@@ -430,6 +430,10 @@ step_fola_figures10_12() {       # §IV-E softmax-regression study (MNIST, 2 cli
 step_fola_figures3_4() {         # reduced grid (fola.md §6 R1): 450 (alpha, N, lr, B, seed) x E = 1, 5, 10, 15, 20, one
                                  # round; each setting trains once for its five E and three methods (share_epochs, FOLA's
                                  # stage serves FedAvg's), its stages kept within the preset's cache_max_gb
+    # N = 10 (Fig. 4's fixed N, fola.md) across every alpha first, seed 0 then 1-2, so the claims by alpha can be
+    # read early; then the rest of the grid (finished runs are skipped)
+    run experiment=fola/figure3 profile=reduced num_clients=10 seed=0
+    run experiment=fola/figure3 profile=reduced num_clients=10
     run experiment=fola/figure3 profile=reduced
     table experiment=fola/figure3 profile=reduced
     table experiment=fola/figure4 profile=reduced
