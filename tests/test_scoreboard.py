@@ -9,7 +9,7 @@ from fedbench import numerics
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
-from fedbench.report.scoreboard import (FIGURE, _claim_status, collection_summaries, load_campaign, plot_scoreboard,
+from fedbench.report.scoreboard import (FIGURE, _claim_status, claim_cells, collection_summaries, load_campaign, plot_scoreboard,
                                         render, scoreboard_cells)
 from fedbench.report.tables import COLLECTIONS, collect, read_collections, score
 from fedbench.config.aggregators import expand_aggregators
@@ -452,3 +452,37 @@ def test_setting_variants_count_once_per_column_of_a_multi_column_table():
         for col in ("rounds to 1%", "MAP test NLL") for a in (1e-3, 1e-4, 1e-5)])
     colls = {"t": {"summary": summary, "meta": {"rows": ["dataset", "map_delta"]}}}
     assert setting_variants(["t"], colls) == 4
+
+
+def test_best_on_test_over_compares_each_methods_best_cell_of_the_grid():
+    # FOLA Fig. 3: per (alpha, N) the best first-round GA over (E, lr) of each method, chosen on the test set as the
+    # paper does. w's best beats l's best at alpha = 0.01 though l wins the cell E = 1 / lr 0.1 there
+    rows = []
+    for alpha, w_cells, l_cells in (("alpha=0.01", (50.0, 70.0, 40.0), (60.0, 55.0, 45.0)),
+                                    ("alpha=1", (90.0, 91.0, 92.0), (93.0, 85.0, 80.0))):
+        for (e, lr), wm, lm in zip(((1, 0.1), (5, 0.1), (5, 0.01)), w_cells, l_cells):
+            rows += [{"partition": alpha, "local_epochs": e, "local.lr": lr, "method": "w", "n": 3, "mean": wm,
+                      "std": 0.5},
+                     {"partition": alpha, "local_epochs": e, "local.lr": lr, "method": "l", "n": 3, "mean": lm,
+                      "std": 0.5}]
+    rows.append({"partition": "alpha=1", "local_epochs": 1, "local.lr": 0.01, "method": "w", "n": 0,
+                 "mean": float("nan"), "std": float("nan")})   # a cell not run is never the best
+    s = pd.DataFrame(rows)
+    colls = {"t": {"summary": s, "meta": {"rows": ["partition", "local_epochs", "local.lr"]}}}
+    best = {"collection": "t", "winner": "w", "loser": "l", "best_on_test_over": ["local_epochs", "local.lr"]}
+    # without the selection every cell is a row of its own: l wins 3 of 6
+    assert _claim_status({k: v for k, v in best.items() if k != "best_on_test_over"}, colls)[1].startswith("3/6 rows")
+    # best: 70 against 60 at alpha = 0.01, 92 against 93 at alpha = 1
+    assert _claim_status(best, colls) == ("not reproduced", "1/2 rows (fails: alpha=1)")
+    assert _claim_status({**best, "where": {"partition": ["alpha=0.01"]}}, colls) == ("reproduced", "1/1 rows")
+    # along a printed setting ("alpha=0.01" < "alpha=1" as numbers): w's best rises 70 -> 92, l's 60 -> 93
+    rise = {"collection": "t", "method": "w", "along": "partition", "direction": "increasing",
+            "best_on_test_over": ["local_epochs", "local.lr"]}
+    assert _claim_status(rise, colls) == \
+        ("reproduced", "1/1 rows; 2 values of partition, n = 3–3, 1 of 1 steps increasing")
+    # a loss: the best cell is the lowest
+    cells, keys = claim_cells(best, {**colls["t"], "metric": "nll"})
+    assert keys == ["partition"]
+    assert sorted(cells[cells["method"] == "w"]["mean"]) == [40.0, 90.0]
+    with pytest.raises(FedbenchError, match="best_on_test_over names"):
+        _claim_status({**best, "best_on_test_over": ["local.batch_size"]}, colls)

@@ -258,14 +258,13 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     c = colls.get(claim.get("collection"))
     if c is None:
         return "not run", "collection not committed"
-    s = c["summary"]
-    if s.empty:
+    if c["summary"].empty:
         return "not run", "no records"
+    s, keys = claim_cells(claim, c)
     if "along" in claim:
-        return _monotone_status(claim, c)
-    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
+        return _monotone_status(claim, c, s, keys)
     rows, held, failed, short = 0, 0, [], 0
-    want = paper_seeds(c["meta"]) or 0
+    want = claim.get("paper_seeds") or paper_seeds(c["meta"]) or 0   # a figure's seeds live in its sweep
     where = claim.get("where") or {}
     metric = c.get("metric", "accuracy")
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0   # a loss: the lower mean beats
@@ -308,6 +307,34 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
 DIRECTIONS = ("decreasing", "increasing", "falls_then_rises")
 
 
+def claim_cells(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
+    """(summary, row keys) that a claim reads. With ``best_on_test_over: [row keys]`` each method keeps, per group
+    of the other row keys, only its best cell over those keys (the highest mean over seeds; for a loss the lowest):
+    a figure that plots the best over a hyperparameter grid chosen on the test set, as FOLA's Figs. 3-4 do. It is
+    the paper's selection, named in the claim, never a default."""
+    s = c["summary"]
+    keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
+    over = claim.get("best_on_test_over") or []
+    if not over:
+        return s, keys
+    unknown = [k for k in over if k not in keys]
+    if unknown:
+        raise FedbenchError(f"claim {claim.get('text')!r}: best_on_test_over names {unknown}, not row keys of "
+                            f"{claim.get('collection')} ({', '.join(keys)})")
+    keys = [k for k in keys if k not in over]
+    ran = s[s["n"] > 0]
+    if ran.empty:
+        return ran, keys
+    lower = c.get("metric", "accuracy") in LOWER_IS_BETTER
+    groups = ran.groupby(keys + ["method"], sort=False, dropna=False)["mean"]
+    return ran.loc[groups.idxmin() if lower else groups.idxmax()].reset_index(drop=True), keys
+
+
+def _as_number(v: Any) -> float:
+    """A row value along a figure's x axis as a number: 64, "64", or a printed setting such as "alpha=0.01"."""
+    return float(str(v).rsplit("=", 1)[-1]) if isinstance(v, str) else float(v)
+
+
 def _point(g: pd.DataFrame) -> tuple:
     """(mean, std, n) of a summary row; a missing std (one seed) counts as 0."""
     sd = float(g["std"].iloc[0]) if "std" in g else 0.0
@@ -338,7 +365,7 @@ def _shape_holds(pts: List[tuple], direction: str) -> bool:
     return sign * (pts[-1][0] - pts[0][0]) > 0 and not against
 
 
-def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
+def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, keys: List[str]) -> tuple:
     """A ``{method, along, direction}`` claim: in every group of the other row keys, over the values of ``along``
     that ran (numeric order), the method's means must have the claimed shape (``_shape_holds``: monotone, or falling
     then rising), where a step within 2 combined standard errors (sqrt(s_a²/n_a + s_b²/n_b)) does not break it."""
@@ -346,16 +373,15 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
     if direction not in DIRECTIONS:
         raise FedbenchError(f"claim {claim.get('text')!r}: direction must be one of {', '.join(DIRECTIONS)}, "
                             f"got {direction!r}")
-    s = c["summary"]
     single = int(((s["method"] == claim["method"]) & (s["n"] == 1)).sum())
     s = s[(s["method"] == claim["method"]) & (s["n"] > 1)]   # one draw has no standard error to judge a step by
     if along not in s or s.empty:
         return "not run", f"no {claim['method']} cells along {along} with 2 or more seeds"
-    keys = [k for k in (c["meta"].get("rows") or []) if k in s and k != along]
+    keys = [k for k in keys if k != along]
     groups = s.groupby(keys, sort=False, dropna=False) if keys else [((), s)]
     held, failed, points = 0, [], []
     for rv, g in groups:
-        g = g.assign(_x=pd.to_numeric(g[along])).sort_values("_x")
+        g = g.assign(_x=g[along].map(_as_number)).sort_values("_x")
         pts = [(float(m), float(sd) if sd == sd else 0.0, int(n)) for m, sd, n in zip(g["mean"], g["std"], g["n"])]
         sign = 1.0 if direction == "increasing" else -1.0
         moved = sum(sign * (b[0] - a[0]) > 0 for a, b in zip(pts, pts[1:]))
