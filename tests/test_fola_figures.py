@@ -323,3 +323,17 @@ def test_study_preset_end_to_end_on_mnist(tmp_path, monkeypatch):
     (target / "metrics.json").write_text(json.dumps({**rec, "run_id": paper["run_id"]}))
     drawn = redraw_committed_studies(tmp_path / "fresh", tmp_path / "figs")
     assert [p.name for p in drawn] == ["fola_figure10.png", "fola_figure11.png"]
+
+
+def test_fig3_and_fig4_draw_all_five_alphas(tmp_path):
+    # the paper's five alphas: line styles 5 and 6 are dash tuples, which matplotlib reads as data when passed
+    # positionally ("Input could not be cast to an at-least-1D NumPy array" on the first reduced-grid collection)
+    rows = [{"method": m, "alpha": a, "num_clients": 10, "epochs": e, "lr": lr, "batch_size": b, "seed": 0,
+             "status": "ok", "accuracy": 50.0 + 5 * math.log10(a) + (3.0 if m == "FOLA" else 0.0) + e / 10}
+            for m in ("FOLA", "FedAvg") for a in (0.01, 0.1, 1, 10, 100) for e in (1, 5) for lr in (0.1, 0.01)
+            for b in (32, 128)]
+    meta = {"paper": "fola", "id": "figure4", "title": "t"}
+    d4 = _png(ff.plot_fig4(pd.DataFrame(rows), meta, tmp_path / "f4.png", "reduced"))
+    assert len(d4) == 3 * 2 * 5 * 2   # x in {B, E, lr} x methods x alpha x two values
+    d3 = _png(ff.plot_fig3(pd.DataFrame(rows), {**meta, "id": "figure3"}, tmp_path / "f3.png", "reduced"))
+    assert len(d3) == 2 * 5 and set(d3["best_epochs"]) == {5}

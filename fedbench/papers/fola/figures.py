@@ -144,7 +144,7 @@ def plot_fig3(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) 
     for i, n in enumerate(sorted(sel["num_clients"].unique())):
         for j, m in enumerate(methods):
             g = sel[(sel["num_clients"] == n) & (sel["method"] == m)].sort_values("alpha")
-            ax.plot(g["alpha"], g["accuracy"], STYLES[j % len(STYLES)], marker=MARKERS[j % len(MARKERS)], ms=4,
+            ax.plot(g["alpha"], g["accuracy"], ls=STYLES[j % len(STYLES)], marker=MARKERS[j % len(MARKERS)], ms=4,
                     color=f"C{i}", label=f"N={n}, {m}")
     ax.set_xscale("log")
     ax.set_xlabel("Dirichlet α")
@@ -175,7 +175,7 @@ def plot_fig4(df: pd.DataFrame, meta: Dict[str, Any], path: Path, profile: str) 
             for m in dict.fromkeys(ok["method"]):
                 for k, a in enumerate(alphas):
                     g = sel[(sel["method"] == m) & (sel["alpha"] == a)].sort_values(x)
-                    ax.plot(g[x], g["accuracy"], STYLES[k % len(STYLES)], marker="o", ms=3, color=_color(m),
+                    ax.plot(g[x], g["accuracy"], ls=STYLES[k % len(STYLES)], marker="o", ms=3, color=_color(m),
                             label=f"{m}, α={_fmt(a)}")
             ax.set_xscale("log", base=10 if x == "lr" else 2)
             ax.set_xlabel(x)
