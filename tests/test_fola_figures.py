@@ -134,6 +134,21 @@ def test_fig3_and_fig4_best_over_hyperparameters(tmp_path):
         ff.select_over(df, ["method"], "accuracy", "best_on_val")
 
 
+def test_best_of_selection_uses_only_seeds_that_ran_every_setting():
+    def rows(*cells):   # (seed, epochs, accuracy) of FedAvg at alpha 0.1, N = 10
+        return pd.DataFrame([{"method": "FedAvg", "alpha": 0.1, "num_clients": 10, "epochs": e, "lr": 0.1,
+                              "batch_size": 32, "seed": s, "accuracy": a} for s, e, a in cells])
+    keep = ["method", "num_clients", "alpha"]
+    half = rows((0, 1, 50.0), (0, 5, 60.0), (1, 1, 90.0))        # seed 1 stopped after its first setting
+    r = ff.select_over(half, keep, "accuracy", "best_on_test").iloc[0]
+    assert (r["accuracy"], r["best_epochs"], r["seeds"], r["settings"]) == (60.0, 5, 1, 2)   # not (50 + 90) / 2
+    full = pd.concat([half, rows((1, 5, 62.0))])
+    r = ff.select_over(full, keep, "accuracy", "best_on_test").iloc[0]
+    assert (r["accuracy"], r["best_epochs"], r["seeds"]) == (70.0, 1, 2)
+    scattered = rows((0, 1, 50.0), (1, 5, 60.0))                   # no seed complete: every run enters
+    assert ff.select_over(scattered, keep, "accuracy", "mean").iloc[0]["accuracy"] == 55.0
+
+
 def test_cifar_figures_from_synthetic_records(tmp_path):
     out, figs = tmp_path / "out", tmp_path / "figs"
     assert _fake(["experiment=fola/figure6ab", "profile=quick", "seed=0,1"], out) == 16
