@@ -11,7 +11,7 @@ from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.report.scoreboard import (FIGURE, _claim_status, claim_cells, collection_summaries, load_campaign, plot_scoreboard,
                                         render, scoreboard_cells)
-from fedbench.report.tables import COLLECTIONS, collect, read_collections, score
+from fedbench.report.tables import COLLECTIONS, collect, read_collections, score, summarise
 from fedbench.config.aggregators import expand_aggregators
 from tests.conftest import ok_record
 
@@ -486,3 +486,25 @@ def test_best_on_test_over_compares_each_methods_best_cell_of_the_grid():
     assert sorted(cells[cells["method"] == "w"]["mean"]) == [40.0, 90.0]
     with pytest.raises(FedbenchError, match="best_on_test_over names"):
         _claim_status({**best, "best_on_test_over": ["local.batch_size"]}, colls)
+
+
+def test_best_on_test_over_compares_means_over_the_same_seeds():
+    # a sweep stopped half-way through seed 1: w's E = 1 cell has seeds 0-1 (50, 90), its E = 5 cell seed 0 (60).
+    # The seed-1 draw alone would make E = 1 w's best (70 > l's 65); over seed 0, the complete seed, w's best is
+    # 60 and l (65, over both of its complete seeds) wins
+    runs = pd.DataFrame([{"partition": "alpha=0.01", "local_epochs": e, "method": m, "seed": sd, "status": "ok",
+                          "accuracy": a}
+                         for m, e, sd, a in (("w", 1, 0, 50.0), ("w", 5, 0, 60.0), ("w", 1, 1, 90.0),
+                                             ("l", 1, 0, 65.0), ("l", 1, 1, 65.0), ("l", 5, 0, 62.0), ("l", 5, 1, 62.0))]
+                        + [{"partition": "alpha=0.01", "local_epochs": 5, "method": "w", "seed": 1,
+                            "status": "missing", "accuracy": None}])
+    meta = {"rows": ["partition", "local_epochs"]}
+    runs.attrs["table"] = meta
+    summary = summarise(runs, "accuracy")
+    claim = {"collection": "t", "winner": "w", "loser": "l", "best_on_test_over": ["local_epochs"]}
+    # the summary alone compares the two-seed mean 70 with 65
+    assert _claim_status(claim, {"t": {"summary": summary, "meta": meta}})[0] == "reproduced"
+    cells, _ = claim_cells(claim, {"summary": summary, "meta": meta, "runs": runs})
+    assert {(r["method"], r["mean"], r["n"]) for r in cells.to_dict("records")} == {("w", 60.0, 1), ("l", 65.0, 2)}
+    assert _claim_status(claim, {"t": {"summary": summary, "meta": meta, "runs": runs}}) == \
+        ("not reproduced", "0/1 rows (fails: alpha=0.01)")

@@ -23,8 +23,8 @@ from fedbench.report.plotting import pyplot, save_figure
 from fedbench.results.records import read_history
 from fedbench.results.reference import available_tables, load_reference
 from fedbench.results.summaries import first_round_reaching
-from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, as_printed, attach_reference, norm_key,
-                                     paper_seeds, read_collections, score, summarise, table_runs, tolerance_floor,
+from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, as_printed, attach_reference,
+                                     complete_seeds, norm_key, paper_seeds, read_collections, score, summarise, table_runs, tolerance_floor,
                                      within_tolerance)
 
 CAMPAIGN = "campaign.yaml"
@@ -311,7 +311,8 @@ def claim_cells(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
     """(summary, row keys) that a claim reads. With ``best_on_test_over: [row keys]`` each method keeps, per group
     of the other row keys, only its best cell over those keys (the highest mean over seeds; for a loss the lowest):
     a figure that plots the best over a hyperparameter grid chosen on the test set, as FOLA's Figs. 3-4 do. It is
-    the paper's selection, named in the claim, never a default."""
+    the paper's selection, named in the claim, never a default. The means compared come from the same seeds: per
+    group, only the seeds that ran every cell of it while one has (fedbench.report.tables.complete_seeds)."""
     s = c["summary"]
     keys = [k for k in (c["meta"].get("rows") or ["dataset", "partition"]) if k in s]
     over = claim.get("best_on_test_over") or []
@@ -321,8 +322,14 @@ def claim_cells(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
     if unknown:
         raise FedbenchError(f"claim {claim.get('text')!r}: best_on_test_over names {unknown}, not row keys of "
                             f"{claim.get('collection')} ({', '.join(keys)})")
-    keys = [k for k in keys if k not in over]
-    ran = s[s["n"] > 0]
+    rest = [k for k in keys if k not in over]
+    runs = c.get("runs")
+    if runs is not None and "seed" in runs and "status" in runs:
+        ok = runs[runs["status"] == "ok"]
+        ok.attrs = dict(runs.attrs)
+        s = summarise(complete_seeds(ok, rest + ["method"], keys + ["method"]), c.get("metric", "accuracy"))
+    keys = rest
+    ran = s[s["n"] > 0] if len(s) else s
     if ran.empty:
         return ran, keys
     lower = c.get("metric", "accuracy") in LOWER_IS_BETTER

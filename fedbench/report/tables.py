@@ -421,6 +421,24 @@ def split_conflated_methods(rows: List[Dict[str, Any]], keys: Sequence[str]) -> 
     return rows
 
 
+def complete_seeds(df: pd.DataFrame, group: List[str], cell: List[str]) -> pd.DataFrame:
+    """Per ``group``, only the runs of the seeds that ran every ``cell`` of the group (``cell`` includes
+    ``group``), while at least one seed has. A best-of selection over a grid must compare means over the same
+    seeds: a sweep stopped half-way through a seed would otherwise put two-seed means against one-seed means and
+    let a lucky draw win (FOLA Figs. 3-4 pick their best setting so)."""
+    if "seed" not in df or df.empty:
+        return df
+    out = []
+    for _, g in df.groupby(group, dropna=False, sort=False):
+        n_cells = len(g.drop_duplicates(cell))
+        per_seed = g.drop_duplicates(cell + ["seed"]).groupby("seed").size()
+        full = per_seed.index[per_seed == n_cells]
+        out.append(g[g["seed"].isin(full)] if len(full) else g)
+    kept = pd.concat(out, ignore_index=True)
+    kept.attrs = dict(df.attrs)
+    return kept
+
+
 def summarise(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     """One row per cell: n (values), finished (ok runs), never (ok runs that never reached a threshold),
     planned (runs of the sweep), mean and sample std over the values."""

@@ -23,6 +23,7 @@ from fedbench.errors import FedbenchError
 from fedbench.report.plotting import figure_title, pyplot, save_figure
 from fedbench.report.registry import PlotRequest
 from fedbench.report.runs import finished_studies, preset_records
+from fedbench.report.tables import complete_seeds
 from fedbench.results.reference import load_reference
 
 SELECTS = ("best_on_test", "mean")
@@ -115,25 +116,10 @@ def _reference(metric: str, threshold: Optional[float] = None) -> pd.DataFrame:
     return ref[ref["method"].notna() & ref["mean"].notna()]
 
 
-def complete_seeds(df: pd.DataFrame, keep: List[str], setting: List[str]) -> pd.DataFrame:
-    """Per ``keep`` group, only the seeds that ran every setting of the group, while at least one seed has: a
-    sweep stopped half-way through a seed would otherwise put a setting's two-seed mean against one-seed means
-    and let a lucky draw win the best-of selection."""
-    if "seed" not in df or df.empty:
-        return df
-    out = []
-    for _, g in df.groupby(keep, dropna=False, sort=False):
-        n_settings = len(g.drop_duplicates(setting))
-        per_seed = g.drop_duplicates(setting + ["seed"]).groupby("seed").size()
-        full = per_seed.index[per_seed == n_settings]
-        out.append(g[g["seed"].isin(full)] if len(full) else g)
-    return pd.concat(out, ignore_index=True)
-
-
 def select_over(df: pd.DataFrame, keep: List[str], value: str, how: str) -> pd.DataFrame:
     """Mean over seeds per setting, then per ``keep`` group the best (``best_on_test``) or the mean (``mean``)
     over the remaining hyperparameters; also reports how many settings and seeds entered. Seeds that have not
-    run every setting of their group are left out while a complete seed exists (``complete_seeds``)."""
+    run every setting of their group are left out while a complete seed exists (fedbench.report.tables.complete_seeds)."""
     if how not in SELECTS:
         raise FedbenchError(f"table.select must be one of {', '.join(SELECTS)}, got {how!r}")
     setting = [k for k in ("method", "alpha", "num_clients", "epochs", "lr", "batch_size", "lambda") if k in df]
