@@ -186,6 +186,13 @@ def test_monotone_claims_forgive_only_steps_within_noise():
     one.loc[3, ["mean", "n", "std"]] = [9.0, 1, float("nan")]
     assert _claim_status(claim, {"t": {"summary": one, "meta": meta}}) == \
         ("reproduced", "1/1 rows; 3 values of width, n = 10–10, 2 of 2 steps decreasing; 1 value(s) with one seed left out")
+    # a group with a single value that ran 2+ seeds has no shape yet: left out, and with no other group, not run
+    two = pd.concat([one, _along([5.0, 3.0, 2.0, 1.0], [0.1] * 4).assign(dataset="e").iloc[[0]]])
+    assert _claim_status(claim, {"t": {"summary": two, "meta": meta}}) == \
+        ("reproduced", "1/1 rows; 3 values of width, n = 10–10, 2 of 2 steps decreasing; 1 row(s) with one value of "
+                       "width left out; 1 value(s) with one seed left out")
+    assert _claim_status(claim, {"t": {"summary": two[two["dataset"] == "e"], "meta": meta}}) == \
+        ("not run", "no group with 2 or more values of width that ran m with 2 or more seeds")
 
 
 def test_falls_then_rises_claims_need_an_interior_minimum_beyond_noise():

@@ -386,8 +386,11 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
         return "not run", f"no {claim['method']} cells along {along} with 2 or more seeds"
     keys = [k for k in keys if k != along]
     groups = s.groupby(keys, sort=False, dropna=False) if keys else [((), s)]
-    held, failed, points = 0, [], []
+    held, failed, points, short = 0, [], [], 0
     for rv, g in groups:
+        if g[along].nunique() < 2:   # a single value has no shape: the group is not run yet, not a failure
+            short += 1
+            continue
         g = g.assign(_x=g[along].map(_as_number)).sort_values("_x")
         pts = [(float(m), float(sd) if sd == sd else 0.0, int(n)) for m, sd, n in zip(g["mean"], g["std"], g["n"])]
         sign = 1.0 if direction == "increasing" else -1.0
@@ -399,7 +402,11 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
             held += 1
         else:
             failed.append("/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))) or "all")
+    if not points:
+        return "not run", f"no group with 2 or more values of {along} that ran {claim['method']} with 2 or more seeds"
     detail = f"{held}/{held + len(failed)} rows; " + "; ".join(points)
+    if short:
+        detail += f"; {short} row(s) with one value of {along} left out"
     if single:
         detail += f"; {single} value(s) with one seed left out"
     want = claim.get("paper_seeds") or paper_seeds(c["meta"])   # a figure's seeds live in its sweep: the claim says
