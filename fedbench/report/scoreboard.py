@@ -24,8 +24,8 @@ from fedbench.results.records import read_history
 from fedbench.results.reference import available_tables, load_reference
 from fedbench.results.summaries import first_round_reaching
 from fedbench.report.tables import (COLLECTIONS, LOWER_IS_BETTER, SUMMARY_VARIANTS, as_printed, attach_reference,
-                                     complete_seeds, norm_key, paper_seeds, read_collections, score, summarise, table_runs, tolerance_floor,
-                                     within_tolerance)
+                                     complete_seeds, norm_key, paper_seeds, read_collections, score, summarise,
+                                     table_runs, tolerance_floor, within_tolerance)
 
 CAMPAIGN = "campaign.yaml"
 FIGURE = "figures/scoreboard.png"   # ours against the paper's number, cell by cell (its data: scoreboard_data.csv)
