@@ -1,15 +1,20 @@
 #!/usr/bin/env python
-"""Reading a table a second time in one process: resolving every run again vs fedbench's resolved-run cache.
+"""Planning a table's runs: composing and resolving every run on its own vs fedbench's shared plans.
 
-    python scripts/bench_tables.py                       # FedLap Table 1 and FedLPA Table 6 (MNIST), from results/records
-    python scripts/bench_tables.py --collections fedbens_table1 --rounds 5
+    python scripts/bench_tables.py                       # FedLap Table 1, FedLPA Table 6, FOLA Fig. 3, from results/records
+    python scripts/bench_tables.py --collections fedbens_table1 --rounds 3
 
-`make tables` writes each committed table and then the scoreboard reads every table's runs again (``table_runs``).
-Both reads share one composition per sweep (``sweep_configs``); the second read also finds each run's resolved
-config and run id in ``fedbench.report.tables.resolved_run``'s cache instead of resolving it again. Each round
-times the second read, in CPU seconds (``time.process_time``), once with the cache as the first read left it and
-once with it emptied; both must give identical rows. Prints CPU seconds per read and the ratio; never a pass/fail.
-Compare on the same machine.
+A table reads every run of its sweep: each run's config (Hydra composition, one config per aggregator) and its
+resolved config and run id. Two measurements, in CPU seconds (``time.process_time``), best of ``--rounds``:
+
+1. first read, plain: every run composed (``compose_run`` + ``expand_runs``) and resolved in full
+   (``OmegaConf.to_container``), vs shared (``fedbench.report.plans``): runs that differ only in values share one
+   composition and ``applied`` sets the values in place; a shared config is resolved in full once and then only its
+   value keys and the interpolations that read them are read again. Both must give the same run ids in the same order.
+2. second read in one process (`make tables`, then the scoreboard): ``table_runs`` again with each run's resolution
+   found in the cache, vs with the caches emptied. Both must give identical rows.
+
+Prints seconds and ratios; never a pass/fail. Compare on the same machine.
 """
 from __future__ import annotations
 
@@ -23,14 +28,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--collections", nargs="+", default=["fedlap_table1", "fedlpa_table6"],
+    ap.add_argument("--collections", nargs="+", default=["fedlap_table1", "fedlpa_table6", "fola_figure3_reduced"],
                     help="names in results/collections.yaml")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     os.environ.setdefault("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
 
+    from omegaconf import OmegaConf
+
+    from fedbench.config import CONF_DIR
+    from fedbench.launch.sweep import expand_sweep
     from fedbench.papers import load_papers
-    from fedbench.report import tables
+    from fedbench.report import plans, tables
+    from fedbench.results.records import compute_run_id
 
     load_papers()   # the papers' row keys and labels
 
@@ -41,28 +51,61 @@ def main() -> None:
     sweeps = [list(entries[n]["overrides"]) for n in args.collections]
     no_outputs = ROOT / "outputs" / "bench_tables_none"   # read from the committed records only
 
-    def read_all():
-        t = time.process_time()
-        frames = [tables.table_runs(o, no_outputs) for o in sweeps]
-        return time.process_time() - t, frames
+    def forget():
+        plans.sweep_configs.cache_clear()
+        plans._RESOLVED.clear()
+        plans._TEMPLATES.clear()
 
-    first, reference = read_all()   # composes and resolves every run once
-    secs = {"resolved again": [], "cached": []}
+    def plan_plain():
+        ids = []
+        for o in sweeps:
+            for e in plans._compose_sweep(expand_sweep(o, CONF_DIR), CONF_DIR, reuse=False):
+                ids += [compute_run_id(OmegaConf.to_container(s, resolve=True)) for s in e.subs]
+        return ids
+
+    def plan_shared():
+        ids = []
+        for o in sweeps:
+            for e in plans.sweep_configs(tuple(o), CONF_DIR):
+                with plans.applied(e) as (_, subs):
+                    ids += [plans.resolved_run(s, shared=True)[1] for s in subs]
+        return ids
+
+    def timed(fn):
+        t = time.process_time()
+        out = fn()
+        return time.process_time() - t, out
+
+    first = {"plain": [], "shared": []}
     for _ in range(args.rounds):
-        for name in secs:
+        forget()
+        s, plain_ids = timed(plan_plain)
+        first["plain"].append(s)
+        forget()
+        s, shared_ids = timed(plan_shared)
+        first["shared"].append(s)
+        if plain_ids != shared_ids:
+            raise SystemExit("the shared plans give other run ids than composing every run")
+
+    forget()
+    _, reference = timed(lambda: [tables.table_runs(o, no_outputs) for o in sweeps])
+    second = {"resolved again": [], "cached": []}
+    for _ in range(args.rounds):
+        for name in second:
             if name == "resolved again":
-                tables._RESOLVED.clear()
-            s, frames = read_all()
-            secs[name].append(s)
+                plans._RESOLVED.clear()
+                plans._TEMPLATES.clear()
+            s, frames = timed(lambda: [tables.table_runs(o, no_outputs) for o in sweeps])
+            second[name].append(s)
             if any(not a.equals(b) for a, b in zip(frames, reference)):
                 raise SystemExit(f"the second read ({name}) differs from the first")
-    runs = sum(len(f) for f in reference)
-    per = {k: min(v) for k, v in secs.items()}
-    print(f"{', '.join(args.collections)}: {runs} rows; first read (compose + resolve) {first:.2f} CPU s")
-    print(f"second read, best of {args.rounds} rounds, CPU s:")
-    print(f"  resolved again   {per['resolved again']:.2f}")
-    print(f"  cached           {per['cached']:.2f}")
-    print(f"  ratio: {per['resolved again'] / per['cached']:.2f}x (identical rows)")
+
+    best = {k: min(v) for k, v in {**first, **second}.items()}
+    print(f"{', '.join(args.collections)}: {len(plain_ids)} runs (one per aggregator); CPU s, best of {args.rounds}")
+    print(f"first read:  plain {best['plain']:.2f}   shared {best['shared']:.2f}   "
+          f"ratio {best['plain'] / best['shared']:.1f}x (same run ids)")
+    print(f"second read: resolved again {best['resolved again']:.2f}   cached {best['cached']:.2f}   "
+          f"ratio {best['resolved again'] / best['cached']:.1f}x (identical rows)")
 
 
 if __name__ == "__main__":

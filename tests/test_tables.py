@@ -334,61 +334,117 @@ def test_a_row_whose_paper_best_is_tied_holds_for_either():
     assert [(f["paper_winner"], f["our_winner"]) for f in failed] == [("a", "b")]
 
 
-def test_reseeded_compositions_equal_real_ones_and_a_mismatch_falls_back(monkeypatch):
-    """Tables compose runs that differ only in seed= once and set the seed while reading them; what they read must
-    equal real compositions, the shared configs get their own seed back, and when the first reseeded entry of a table
-    does not equal its composition, the table is composed run by run."""
-    from fedbench.report import tables as T
-    runs = expand_sweep(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist", "partition.alpha=0.1"])
-    assert len({tuple(o for o in r if not o.startswith("seed=")) for r in runs}) < len(runs)   # seeds to reuse
-    reused = T._compose_sweep(runs, CONF_DIR, reuse_seeds=True)
-    direct = T._compose_sweep(runs, CONF_DIR, reuse_seeds=False)
-    assert any(e[2] is not None for e in reused) and all(e[2] is None for e in direct)
-
-    def read(entries):
-        out = []
-        for e in entries:
-            with T.seeded(e) as pair:
-                out.append((T._containers(pair), [compute_run_id(s) for s in pair[1]]))
-        return out
-
-    assert read(reused) == read(direct)
-    assert len({tuple(ids) for _, ids in read(reused)}) == len(runs)   # every run its own ids
-    assert all(e[0].seed != e[2] for e in reused if e[2] is not None)   # the shared configs have their seed back
-    real = T.seeded
-    monkeypatch.setattr(T, "seeded", lambda e: real(e if e[2] is None else (e[0], e[1], e[2] + 1)))
-    assert T._compose_sweep(runs, CONF_DIR, reuse_seeds=True) is None
-    T.sweep_configs.cache_clear()
-    fallback = T.sweep_configs(tuple(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist",
-                                      "partition.alpha=0.1"]), CONF_DIR)
-    monkeypatch.setattr(T, "seeded", real)
-    assert read(fallback) == read(direct)
-    T.sweep_configs.cache_clear()
+def _read_entries(entries, order):
+    """(unresolved containers, run ids) of each entry, read in ``order`` (shared configs keep the last values set)."""
+    from fedbench.report import plans as P
+    out = {}
+    for i in order:
+        with P.applied(entries[i]) as pair:
+            out[i] = (P._containers(pair), [compute_run_id(s) for s in pair[1]])
+    return [out[i] for i in sorted(out)]
 
 
-def test_resolved_run_cache_follows_the_seed_and_equals_a_fresh_resolution():
+def test_shared_compositions_equal_real_ones_in_any_order_and_a_mismatch_falls_back(monkeypatch):
+    """Tables compose runs that differ only in values (seed=, local.lr=, num_clients=, ...) once and set an entry's
+    values while reading it; read in any order, what they read must equal real compositions, and when the first
+    reused entry of a group does not equal its composition, the table is composed run by run."""
+    import dataclasses
+    import random
+    from fedbench.report import plans as P
+    runs = expand_sweep(["experiment=fola/figure3", "profile=quick"])
+    fixed = {P.split_values(r, CONF_DIR)[0] for r in runs}
+    assert len(runs) == 48 and len(fixed) == 1   # five value axes, one group
+    reused = P._compose_sweep(runs, CONF_DIR, reuse=True)
+    direct = P._compose_sweep(runs, CONF_DIR, reuse=False)
+    assert len({id(e.cfg) for e in reused}) == 1 and all(e.values is None for e in direct)
+    order = list(range(len(runs)))
+    expected = _read_entries(direct, order)
+    assert _read_entries(reused, order) == expected
+    random.Random(0).shuffle(order)
+    assert _read_entries(reused, order) == expected   # the values set last never leak into the next entry
+    assert len({tuple(ids) for _, ids in expected}) == len(runs)   # every run its own ids
+    real = P.applied
+    monkeypatch.setattr(P, "applied", lambda e: real(dataclasses.replace(e, values=None)))   # a value not set
+    assert P._compose_sweep(runs, CONF_DIR, reuse=True) is None
+    P.sweep_configs.cache_clear()
+    fallback = P.sweep_configs(("experiment=fola/figure3", "profile=quick"), CONF_DIR)
+    monkeypatch.setattr(P, "applied", real)
+    assert len({id(e.cfg) for e in fallback}) == len(runs) and _read_entries(fallback, order) == expected
+    P.sweep_configs.cache_clear()
+
+
+def test_values_an_aggregators_entry_reads_compose_apart():
+    """expand_aggregators resolves an entry's interpolations (mu: ${local.lr}) once per composition, so runs that
+    differ in a value it reads get their own composition, while their seeds still share one."""
+    from fedbench.report import plans as P
+    runs = expand_sweep(["dataset=mnist", "model=mlp_500_300", "aggregators=[fedavg,{name:fedprox,mu:${local.lr}}]",
+                         "local.lr=0.1,0.01", "seed=0,1,2"])
+    reused = P._compose_sweep(runs, CONF_DIR, reuse=True)
+    assert len(runs) == 6 and len({id(e.cfg) for e in reused}) == 2
+    order = [5, 0, 3, 1, 4, 2]
+    assert _read_entries(reused, order) == _read_entries(P._compose_sweep(runs, CONF_DIR, reuse=False), order)
+    for e in reused:
+        with P.applied(e) as (cfg, subs):
+            assert subs[1].algorithm.mu == cfg.local.lr
+
+
+def test_value_overrides_that_are_shared_and_those_that_are_not():
+    """Only a plain key=value of a key that is no group, outside algorithm/aggregators, set once, with a scalar or
+    a list of scalars and no interpolation is set in place; everything else composes."""
+    from fedbench.report import plans as P
+    ovs = ["experiment=fola/figure3", "dataset=fmnist", "seed=1", "local.lr=0.01", "share_epochs=[1,2]", "+foo=1",
+           "algorithm.lam=2", "aggregators=[fedavg]", "x=${seed}", "y={a:1}", "num_clients=5", "num_clients=6",
+           "~tags", "profile=reduced"]
+    fixed, values = P.split_values(ovs, CONF_DIR)
+    assert [o.input_line for o in values] == ["seed=1", "local.lr=0.01", "share_epochs=[1,2]", "profile=reduced"]
+    assert list(fixed) == [o for o in ovs if o not in {o.input_line for o in values}]
+
+
+def test_resolved_run_cache_follows_the_values_and_equals_a_fresh_resolution():
     """A table read twice reuses each shared run's resolved config and run id; the cache is keyed by the config and
-    its seed (``seeded`` sets it in place), so a reseeded read gets that seed's resolution and id, equal to resolving
-    the config afresh; a run config that is not shared (a tuned run) is never cached."""
+    the values ``applied`` set on it, so each entry gets its own resolution and id, equal to resolving the config
+    afresh, also for an interpolation that reads a swept key (FedNova's rho: ${local.momentum}); a run config that
+    is not shared (a tuned run) is never cached."""
     from omegaconf import OmegaConf
-    from fedbench.report import tables as T
-    runs = expand_sweep(["experiment=fedfisher/table2", "profile=paper", "dataset=fmnist", "partition.alpha=0.1"])
-    entries = [e for e in T._compose_sweep(runs, CONF_DIR, reuse_seeds=True)]
-    T._RESOLVED.clear()
-    seen = {}
-    for _ in range(2):   # the second pass reads the cache
-        for e in entries:
-            with T.seeded(e) as (_, subs):
+    from fedbench.report import plans as P
+    runs = expand_sweep(["dataset=mnist", "model=mlp_500_300", "aggregators=[fedavg,fednova]",
+                         "local.momentum=0,0.5,0.9", "seed=0,1"])
+    entries = P._compose_sweep(runs, CONF_DIR, reuse=True)
+    assert len(entries) == 6 and len({id(e.cfg) for e in entries}) == 1
+    P._RESOLVED.clear()
+    P._TEMPLATES.clear()
+    seen, rhos = {}, set()
+    for order in (range(6), reversed(range(6))):   # the second pass reads the cache
+        for i in order:
+            with P.applied(entries[i]) as (_, subs):
                 for sub in subs:
-                    c, rid = T.resolved_run(sub, shared=True)
-                    assert c == OmegaConf.to_container(sub, resolve=True) and c["seed"] == sub.seed
-                    assert rid == compute_run_id(sub)
-                    assert seen.setdefault((id(sub), sub.seed), (id(c), rid)) == (id(c), rid)   # one resolution
-    assert len(T._RESOLVED) == len(seen) and len({rid for _, rid in seen.values()}) == len(seen)
-    tuned = OmegaConf.create(OmegaConf.to_container(entries[0][1][0]))
-    before = len(T._RESOLVED)
-    assert T.resolved_run(tuned, shared=False)[1] == compute_run_id(tuned) and len(T._RESOLVED) == before
-    T._RESOLVED.clear()
+                    c, rid = P.resolved_run(sub, shared=True)
+                    assert c == OmegaConf.to_container(sub, resolve=True) and rid == compute_run_id(sub)
+                    assert seen.setdefault((i, id(sub)), (id(c), rid)) == (id(c), rid)   # one resolution
+                    rhos.add(c["algorithm"].get("rho"))
+    assert rhos == {None, 0, 0.5, 0.9} and len({rid for _, rid in seen.values()}) == 12
+    assert len(P._TEMPLATES) == 2 and all(t.patch and t.checked for t in P._TEMPLATES.values())   # patched, not full
+    tuned = OmegaConf.create(OmegaConf.to_container(entries[0].subs[0]))
+    before = len(P._RESOLVED)
+    assert P.resolved_run(tuned, shared=False)[1] == compute_run_id(tuned) and len(P._RESOLVED) == before
+    P._RESOLVED.clear()
+    P._TEMPLATES.clear()
+
+
+def test_interpolations_that_can_follow_a_value_key():
+    """A node is read again when it reads a swept key, a key above or below one, another such node, or anything
+    but keys and environment variables (another resolver, a relative key)."""
+    from fedbench.report.plans import dependent_interpolations, interpolation_refs
+    assert interpolation_refs("${paths.output_root}/cache") == ["paths.output_root"]
+    assert interpolation_refs("${oc.env:FEDBENCH_DATA,data}") == [""]
+    assert interpolation_refs("${oc.env:A,${b.c}}") == ["b.c", ""]
+    assert interpolation_refs("${.x}") == [None] and interpolation_refs("${eval:1}") == [None]
+    nodes = {("paths", "a"): "${oc.env:X,y}", ("paths", "b"): "${paths.a}/c", ("algorithm", "rho"): "${local.momentum}",
+             ("z",): "${algorithm}", ("w",): "${oc.select:seed}"}
+    assert dependent_interpolations(nodes, [("seed",)]) == [("w",)]
+    assert dependent_interpolations(nodes, [("local", "momentum")]) == [("algorithm", "rho"), ("z",), ("w",)]
+    assert dependent_interpolations(nodes, [("local",)]) == [("algorithm", "rho"), ("z",), ("w",)]
+    assert dependent_interpolations(nodes, [("paths",)]) == [("paths", "b"), ("w",)]   # paths.a: read as the key
 
 
 def test_a_metric_no_record_has_is_one_line_and_writes_nothing(tmp_path):

@@ -239,7 +239,7 @@ def tuned_config(sub: DictConfig, cfg: DictConfig, output_root: Path) -> Tuple[O
     grid = method_grids(spec, OmegaConf.to_container(cfg, resolve=True)).get(str(sub.algorithm.name))
     if not grid:
         return sub, None
-    fixed = OmegaConf.merge(sub, {"tuning": "off"})   # sub may be read-only (report.tables.sweep_configs)
+    fixed = OmegaConf.merge(sub, {"tuning": "off"})   # sub may be read-only (report.plans.sweep_configs)
     path = selection_path(output_root, fixed, spec, grid)
     for where in (path, tuning_store() / path.name):   # local first, then the committed selections
         sel = read_record(where)

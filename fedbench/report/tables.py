@@ -18,9 +18,6 @@ table (FedDyn's weight decay).
 """
 from __future__ import annotations
 
-import collections
-import contextlib
-import functools
 import json
 import math
 import re
@@ -28,19 +25,19 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import pandas as pd
-from omegaconf import OmegaConf, read_write
+from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
 from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
-from fedbench.results.records import (atomic_write_bytes, compute_run_id, find_record_dir, load_record, publish_record,
+from fedbench.results.records import (atomic_write_bytes, find_record_dir, load_record, publish_record,
                                       is_complete, read_history, read_record, records_dir, tuning_store)
 from fedbench.results.summaries import history_value, last_k_at, parse_source, record_value
 from fedbench.launch.tuning import tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
-from fedbench.config.aggregators import expand_runs
+from fedbench.report.plans import applied, resolved_run, sweep_configs
 from fedbench.results.reference import load_reference
 from fedbench.report.registry import METHOD_LABELS, PARTITION_LABELS, ROW_KEYS, registered
 
@@ -179,106 +176,6 @@ def variant_label(label: str, algo: Dict[str, Any], label_keys: Optional[Dict[st
     return f"{label}({','.join(f'{k}={norm_key(algo.get(k))}' for k in keys)})"
 
 
-@functools.lru_cache(maxsize=128)
-def sweep_configs(overrides: tuple, conf_dir: Path) -> tuple:
-    """((cell config, its per-aggregator run configs, seed), ...) for a table's sweep, composed once per process.
-
-    Composition depends only on the overrides and the config files, and it is most of a table's cost (Hydra re-reads
-    every YAML per run), so `make tables` and the scoreboard, which read the same sweeps again, share it. Runs that
-    differ only in ``seed=`` share one composition: their entries carry the seed, and ``seeded(entry)`` sets it on the
-    shared configs while the caller reads them (``seed`` None: the configs as composed). The first reseeded entry
-    of every table is checked against a real composition, and a mismatch composes the whole table run by run. The
-    configs are read-only: a caller that needs to change one copies it first.
-    """
-    runs = expand_sweep(list(overrides), conf_dir)
-    out = _compose_sweep(runs, conf_dir, reuse_seeds=True)
-    return tuple(out) if out is not None else tuple(_compose_sweep(runs, conf_dir, reuse_seeds=False))
-
-
-def _compose_sweep(runs: List[List[str]], conf_dir: Path, reuse_seeds: bool) -> Optional[list]:
-    """None when a reseeded entry differs from its real composition (then the caller composes every run)."""
-    out, bases, checked = [], {}, False
-    for ovs in runs:
-        seeds = [o for o in ovs if re.fullmatch(r"seed=-?\d+", o)]
-        rest = tuple(o for o in ovs if o not in seeds)
-        base = bases.get(rest) if reuse_seeds and len(seeds) == 1 else None
-        if base is not None:
-            entry = (*base, int(seeds[0].split("=", 1)[1]))
-            if not checked:
-                checked = True
-                with seeded(entry) as pair:
-                    same = _containers(pair) == _containers(_compose_one(ovs, conf_dir))
-                if not same:
-                    return None
-        else:
-            pair = _compose_one(ovs, conf_dir)
-            entry = (*pair, None)
-            if len(seeds) == 1:
-                bases[rest] = pair
-        out.append(entry)
-    return out
-
-
-def _compose_one(ovs: Sequence[str], conf_dir: Path) -> tuple:
-    cfg = compose_run(ovs, conf_dir)
-    subs = expand_runs(cfg, conf_dir, allow_missing=True)
-    for c in (cfg, *subs):
-        OmegaConf.set_readonly(c, True)
-    return cfg, tuple(subs)
-
-
-@contextlib.contextmanager
-def seeded(entry: tuple):
-    """(cell config, run configs) of a ``sweep_configs`` entry with its seed set, as composing with ``seed=<seed>``
-    gives (interpolations of ``${seed}`` follow); the shared configs get their own seed back on exit. Setting the
-    seed in place rather than on a deep copy of every run's config takes an eighth off the scoreboard's CPU time."""
-    cfg, subs, seed = entry
-    if seed is None:
-        yield cfg, subs
-        return
-    configs = list({id(c): c for c in (cfg, *subs)}.values())   # no aggregators: the cell config is the run
-    before = [c.seed for c in configs]
-    try:
-        for c in configs:
-            with read_write(c):
-                c.seed = seed
-        yield cfg, subs
-    finally:
-        for c, s in zip(configs, before):
-            with read_write(c):
-                c.seed = s
-
-
-def _containers(pair: tuple) -> list:
-    return [OmegaConf.to_container(c, resolve=False) for c in (pair[0], *pair[1])]
-
-
-# (a shared sweep config, its seed) -> (that config, its resolved container, its run id). The configs of
-# sweep_configs are read-only and only their seed changes (``seeded``), so a table read twice in one process
-# (`make tables`, then the scoreboard) resolves each run once (scripts/bench_tables.py: a re-read 6.5x faster).
-# The value holds the config itself, so its id cannot be reused while the entry lives.
-_RESOLVED: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
-_RESOLVED_MAX = 40_000
-
-
-def resolved_run(sub, shared: bool) -> tuple:
-    """(resolved container, run id) of a run config; cached when ``shared`` (a sweep_configs config, read-only but
-    for its seed). The container is shared too: callers read it, never change it."""
-    if not shared:
-        c = OmegaConf.to_container(sub, resolve=True)
-        return c, compute_run_id(c)
-    key = (id(sub), sub.seed)
-    hit = _RESOLVED.get(key)
-    if hit is not None and hit[0] is sub:
-        _RESOLVED.move_to_end(key)
-        return hit[1], hit[2]
-    c = OmegaConf.to_container(sub, resolve=True)
-    _RESOLVED[key] = (sub, c, compute_run_id(c))
-    if len(_RESOLVED) > _RESOLVED_MAX:
-        _RESOLVED.popitem(last=False)
-    return c, _RESOLVED[key][2]
-
-
 def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optional[Path] = None) -> pd.DataFrame:
     """One row per (run of the table's sweep, aggregator): keys, method, run_id, status, metrics.
 
@@ -290,7 +187,7 @@ def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optiona
     meta = None
     specs: List[ColumnSpec] = []
     for entry in sweep_configs(tuple(overrides), Path(conf_dir or CONF_DIR)):
-        with seeded(entry) as (cfg, subs):
+        with applied(entry) as (cfg, subs):
             if meta is None:
                 meta = OmegaConf.to_container(cfg.table, resolve=True) if cfg.get("table") else {}
                 specs = column_specs(meta)   # a bad declaration fails before any record is read
@@ -720,17 +617,16 @@ def to_markdown(summary: pd.DataFrame, meta: Dict[str, Any], profile: str, appro
         lines += [f"**Approximate data:** {approx_note}", ""]
     lines.append("| " + " | ".join(row_keys + [": ".join(cv) for cv in col_vals]) + " |")
     lines.append("|" + "---|" * (len(row_keys) + len(col_vals)))
-    seen = []
+    # each record's (row, column) keys once: the first record of a cell fills it (a lookup per cell, not a scan
+    # of every record, which took most of a 2,250-row table's time)
+    first: Dict[tuple, Dict[str, Any]] = {}
     for r in recs:
-        rv = tuple(norm_key(r.get(k)) for k in row_keys)
-        if rv not in seen:
-            seen.append(rv)
-    for rv in seen:
+        first.setdefault((tuple(norm_key(r.get(k)) for k in row_keys), tuple(norm_key(r.get(k)) for k in col_keys)), r)
+    for rv in dict.fromkeys(rv for rv, _ in first):
         cells = []
         for cv in col_vals:
-            hit = [r for r in recs if tuple(norm_key(r.get(k)) for k in row_keys) == rv
-                   and tuple(norm_key(r.get(k)) for k in col_keys) == cv]
-            cells.append(_cell_text(hit[0], paper_n, one_n is None) if hit else "")
+            hit = first.get((rv, cv))
+            cells.append(_cell_text(hit, paper_n, one_n is None) if hit is not None else "")
         lines.append("| " + " | ".join(list(rv) + cells) + " |")
     sc = score(summary, meta, metric)
     if not only_costs:
