@@ -31,7 +31,7 @@ from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.report.registry import PLOT_KINDS, PlotRequest, registered
 from fedbench.results.records import read_history
-from fedbench.report.tables import collection_stem, norm_key, table_runs
+from fedbench.report.tables import TableMeta, collection_stem, norm_key, table_runs
 from fedbench.results.reference import load_reference
 
 
@@ -64,7 +64,7 @@ def round_curves(overrides: Sequence[str], output_root: Path, metric: str = "acc
             out.append({**{k: r[k] for k in keys}, "method": r["method"], "seed": r["seed"],
                         "round": int(h["round"]), "value": float(v)})
     df = pd.DataFrame(out)
-    df.attrs["table"] = meta
+    df.attrs["table"] = TableMeta(meta or {})
     df.attrs["keys"] = keys
     df.attrs["missing"] = _missing_methods(runs)
     return df

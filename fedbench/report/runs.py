@@ -14,6 +14,7 @@ from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep, study_runs
 from fedbench.numerics import is_current
 from fedbench.results.records import compute_run_id, load_record
+from fedbench.report.tables import TableMeta
 
 _GROUPS = ("dataset", "partition", "model", "algorithm", "hardware", "logger", "experiment", "local")
 
@@ -74,7 +75,7 @@ def preset_records(overrides: Sequence[str], output_root: Path,
                          **describe(sub, a), "accuracy": m.get("accuracy"),
                          "local_accuracy": m.get("local_accuracy")})
     df = pd.DataFrame(rows)
-    df.attrs["table"] = meta or {}
+    df.attrs["table"] = TableMeta(meta or {})
     return df
 
 
