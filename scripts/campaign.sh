@@ -244,7 +244,8 @@ FIG2_FEDLPA='aggregators=[{name:fedlpa,posterior_term:detached_as_released,serve
 FIG2_REFERENCE='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32,reference_solve:cg}]'
 # the two baseline series the figure's claims read first (FedLPA-then-FedAvg against FedAvg), then the other six
 FIG2_CLAIMED='aggregators=[fedavg,{name:fedlpa_then_fedavg,server_dtype:float32}]'
-FIG2_OTHERS='aggregators=[fednova,scaffold,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
+# SCAFFOLD runs in its own step (fedlpa_figure2_scaffold) under the released correction (gaps.md#fedlpa-figure2)
+FIG2_OTHERS='aggregators=[fednova,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
 step_fedlpa_figure2_mnist() {     # Fig. 2: 50 rounds x 10 local epochs, MNIST beta = 0.5, 9 series x 3 seeds (each series its
                                  # own run and record, resumable round by round, so the step resumes series by series)
     step_fedlpa_figure2_fedlpa
