@@ -244,11 +244,13 @@ FIG2_FEDLPA='aggregators=[{name:fedlpa,posterior_term:detached_as_released,serve
 FIG2_REFERENCE='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32,reference_solve:cg}]'
 # the two baseline series the figure's claims read first (FedLPA-then-FedAvg against FedAvg), then the other six
 FIG2_CLAIMED='aggregators=[fedavg,{name:fedlpa_then_fedavg,server_dtype:float32}]'
-# SCAFFOLD runs in its own step (fedlpa_figure2_scaffold) under the released correction (gaps.md#fedlpa-figure2)
+# SCAFFOLD under the released correction (its own step: the paper's corrected gradient diverged, gaps.md#fedlpa-figure2)
+FIG2_SCAFFOLD='aggregators=[{name:scaffold,correction:after_step}]'
 FIG2_OTHERS='aggregators=[fednova,{name:fedprox,mu:0.001},{name:fedprox,mu:0.01},{name:fedprox,mu:0.1},{name:fedprox,mu:1.0}]'
 step_fedlpa_figure2_mnist() {     # Fig. 2: 50 rounds x 10 local epochs, MNIST beta = 0.5, 9 series x 3 seeds (each series its
                                  # own run and record, resumable round by round, so the step resumes series by series)
     step_fedlpa_figure2_fedlpa
+    step_fedlpa_figure2_scaffold
     step_fedlpa_figure2_baselines
 }
 step_fedlpa_figure2_fedlpa() {    # Fig. 2's FedLPA series, seeds 0 and 2: seed 1's released fixed-step GD diverges in round
@@ -261,7 +263,11 @@ step_fedlpa_figure2_reference() { # the seed-0 FedLPA series again with every ro
     run experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0
     table experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0 '+table.plots=[fedlpa_solver_rounds]' --name reference
 }
-step_fedlpa_figure2_baselines() { # Fig. 2's other 8 series, seeds 0-2: the two the claims read first
+step_fedlpa_figure2_scaffold() {  # Fig. 2's SCAFFOLD series, seeds 0-2, with NIID-Bench's correction after each SGD step
+    run experiment=fedlpa/figure2 profile=paper "$FIG2_SCAFFOLD"
+    table experiment=fedlpa/figure2 profile=paper
+}
+step_fedlpa_figure2_baselines() { # Fig. 2's other 7 series, seeds 0-2: the two the claims read first
     run experiment=fedlpa/figure2 profile=paper "$FIG2_CLAIMED"
     run experiment=fedlpa/figure2 profile=paper "$FIG2_OTHERS"
     table experiment=fedlpa/figure2 profile=paper
@@ -449,7 +455,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_baselines fedlpa_table7_onestage
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_table7_onestage
        fola_figures10_12 fola_figures3_4)
 
 usage() {

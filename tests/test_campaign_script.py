@@ -106,8 +106,8 @@ def test_campaign_tables_keep_the_committed_collections(cmd):
 
 
 def test_the_split_figure2_steps_run_exactly_the_presets_series():
-    """fedlpa_figure2_fedlpa and _baselines (two cores side by side; the baselines the claims read first) together run
-    the preset's 9 series, each once, so their records are the preset's own (a series' id is its composed config)."""
+    """fedlpa_figure2_fedlpa, _scaffold and _baselines (side by side on two cores; the baselines the claims read first)
+    together run the preset's 9 series, each once, so their records are the preset's own (a series' id is its composed config)."""
     from fedbench.config import CONF_DIR
     from fedbench.config.aggregators import expand_aggregators
     from fedbench.launch.sweep import compose_run
@@ -116,9 +116,10 @@ def test_the_split_figure2_steps_run_exactly_the_presets_series():
     def series(cmd):
         return {compute_run_id(sub) for ovs in expand_sweep(cmd)[:1] for sub in expand_aggregators(compose_run(ovs), CONF_DIR)}
 
-    split = [c for step in ("fedlpa_figure2_fedlpa", "fedlpa_figure2_baselines") for c in campaign_commands(step)
+    steps = ("fedlpa_figure2_fedlpa", "fedlpa_figure2_scaffold", "fedlpa_figure2_baselines")
+    split = [c for step in steps for c in campaign_commands(step)
              if any(w.startswith("aggregators=") for w in c)]   # the run lines (the collect lines have none)
-    assert len(split) == 3
+    assert len(split) == 4
     preset = series(["experiment=fedlpa/figure2", "profile=paper"])
     parts = [series(c) for c in split]
     assert len(preset) == 9 and set().union(*parts) == preset

@@ -1,8 +1,12 @@
 """SCAFFOLD (Karimireddy et al. 2020), option II control variates.
 
-Client k trains with the gradient corrected by (c - c_k) (a linear loss term), then sets
+Client k trains with its updates corrected by (c - c_k), then sets
 c_k+ = c_k - c + (theta_g - theta_k) / (tau_k * lr) and uploads the model and the control-variate
-change (twice the model's bytes). Server: p-weighted model average (NIID-Bench, no server lr;
+change (twice the model's bytes). Where the correction enters is ``correction``: ``gradient`` (the paper's
+y <- y - lr (g - c_k + c), a linear loss term, so with a momentum optimiser it goes through the momentum, weight
+decay and clipping like the gradient) or ``after_step`` (NIID-Bench's released code, which FedLPA ran: plain
+optimiser steps, each followed by theta <- theta - lr (c - c_k) outside the optimiser; results/gaps.md
+#fedlpa-figure2). Server: p-weighted model average (NIID-Bench, no server lr;
 fedlpa.md §2) and c += mean_k (c_k+ - c_k) (full participation). In round 1 all control variates
 are zero, so one-shot SCAFFOLD trains exactly like FedAvg (fedlpa.md §0).
 """
@@ -13,14 +17,32 @@ from dataclasses import dataclass
 import torch
 
 from fedbench.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_average
-from fedbench.algorithms.options import read_options
+from fedbench.algorithms.options import option, read_options
 from fedbench.train.engine import LocalObjective
 from fedbench.train.terms import LinearTerm
 
 
+CORRECTIONS = ("gradient", "after_step")
+
+
 @dataclass(frozen=True)
 class ScaffoldOptions:
-    """No options."""
+    correction: str = option(choices=CORRECTIONS)
+
+
+class AfterStepCorrection:
+    """Step hook: after each optimiser step, theta_k <- theta_k - lr (c - c_k) (the released code's update)."""
+
+    def __init__(self, shifts: dict):
+        self.shifts = shifts   # client id -> {name: -lr (c - c_k)}
+        self._stacked: dict = {}   # client ids -> their shifts stacked (the batched engine asks for the same sets)
+
+    def after_step(self, client_ids):
+        key = tuple(client_ids)
+        if key not in self._stacked:
+            names = self.shifts[key[0]]
+            self._stacked[key] = {n: torch.stack([self.shifts[k][n] for k in key]) for n in names}
+        return self._stacked[key]
 
 
 @ALGORITHMS.register("scaffold")
@@ -31,7 +53,7 @@ class Scaffold(Algorithm):
 
     def __init__(self, cfg, setup):
         super().__init__(cfg, setup)
-        read_options(self.Options, cfg, self.name)
+        self.correction = read_options(self.Options, cfg, self.name).correction
 
     def init_state(self, params):
         zeros = {n: torch.zeros_like(t) for n, t in params.items()}
@@ -46,8 +68,12 @@ class Scaffold(Algorithm):
 
     def local_objective(self, state, client_ids, round_idx):
         c = state["c"]
-        ctx = [{"linear": {n: c[n] - state["c_clients"][k][n] for n in c}} for k in client_ids]
-        return LocalObjective(terms=[LinearTerm(1.0)], client_ctx=ctx)
+        diff = {k: {n: c[n] - state["c_clients"][k][n] for n in c} for k in client_ids}
+        if self.correction == "after_step":
+            lr = self.setup.local.lr
+            return LocalObjective(step_hooks=[AfterStepCorrection(
+                {k: {n: -lr * d for n, d in dk.items()} for k, dk in diff.items()})])
+        return LocalObjective(terms=[LinearTerm(1.0)], client_ctx=[{"linear": diff[k]} for k in client_ids])
 
     def client_message(self, client_id, params, result, pos, state, round_idx, products):
         tau = result.steps[pos]

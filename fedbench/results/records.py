@@ -32,7 +32,8 @@ OFF_AT_VALUE = (("algorithm", "gd_step", "fixed"),     # FedLPA's GD step (resul
                 ("algorithm", "variant", "acar"),   # FedDyn's server (gaps.md#fedlap-table3-feddyn)
                 ("algorithm", "posterior_term", "differentiable"),   # FedLPA rounds >= 2 (gaps.md#fedlpa-figure2)
                 ("study", "efull_reading", "sorted_diagonal"),   # FOLA's e-full (gaps.md#fola-figures10-11)
-                ("algorithm", "reference_solve", "none"))   # FedLPA's paired exact solve (gaps.md#fedlpa-figure2)
+                ("algorithm", "reference_solve", "none"),   # FedLPA's paired exact solve (gaps.md#fedlpa-figure2)
+                ("algorithm", "correction", "gradient"))   # SCAFFOLD's correction (gaps.md#fedlpa-figure2)
 
 
 def identity_config(cfg: Any) -> Dict[str, Any]:

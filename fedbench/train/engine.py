@@ -68,11 +68,13 @@ class LocalObjective:
     """What a method adds to plain local training.
 
     terms: extra loss terms (see fedbench.train.terms), each called as term(params, ctx) with
-    ctx = {**shared_ctx, **client_ctx[k]}; step_hooks: objects with
-    ``after_backward(client_ids, grads, batch_sizes)`` called once per optimiser step with the
-    (stacked) gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator). A hook that
-    also has ``outputs(client_id) -> dict`` reports what it computed for a client: read at the end of
-    training (and at every snapshot epoch) into ``TrainResult.extras[key][position]``.
+    ctx = {**shared_ctx, **client_ctx[k]}; step_hooks: objects with either or both of
+    ``after_backward(client_ids, grads, batch_sizes)``, called once per optimiser step with the (stacked)
+    gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator), and
+    ``after_step(client_ids) -> {name: [k, *shape]} | None``, a change added to the clients' weights after each
+    optimiser step, outside the optimiser (no momentum, weight decay or clipping: SCAFFOLD's released correction).
+    A hook that also has ``outputs(client_id) -> dict`` reports what it computed for a client: read at the end
+    of training (and at every snapshot epoch) into ``TrainResult.extras[key][position]``.
     """
 
     terms: List[LossTerm] = field(default_factory=list)
@@ -167,6 +169,16 @@ def _hook_outputs(objective: LocalObjective, client_id: int) -> Dict[str, Any]:
     return out
 
 
+def _hooks_with(objective: LocalObjective, method: str) -> list:
+    return [h for h in objective.step_hooks if hasattr(h, method)]
+
+
+def _weight_shifts(hooks: list, client_ids: List[int]) -> List[Params]:
+    """The ``after_step`` changes of the weights of these clients, stacked in their order (None: no change)."""
+    shifts = (h.after_step(client_ids) for h in hooks)
+    return [s for s in shifts if s is not None]
+
+
 def _extras(per_client: List[Dict[str, Any]]) -> Dict[str, list]:
     """[{key: value} per client] -> {key: [value per client]}."""
     keys = [key for d in per_client for key in d]
@@ -193,6 +205,7 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
     if channels_last:   # copy_ below keeps each parameter's NHWC layout
         worker = worker.to(memory_format=torch.channels_last)
     named = dict(worker.named_parameters())
+    backward_hooks, step_hooks = _hooks_with(objective, "after_backward"), _hooks_with(objective, "after_step")
     results, steps, losses, outputs = [], [], [], []
     # per snapshot epoch: the clients' weights, steps, last-epoch losses, seconds and hook outputs
     at = {e: ([], [], [], [], []) for e in snaps}
@@ -225,13 +238,17 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
                     loss = loss + term(named, ctx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                if objective.step_hooks:
+                if backward_hooks:
                     grads = {n: p.grad.unsqueeze(0) for n, p in named.items()}
-                    for h in objective.step_hooks:
+                    for h in backward_hooks:
                         h.after_backward([client_ids[i]], grads, torch.tensor([len(idx)]))
                 if local.clip_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(worker.parameters(), local.clip_grad_norm)
                 opt.step()
+                for shift in _weight_shifts(step_hooks, [client_ids[i]]):
+                    with torch.no_grad():
+                        for n, p in named.items():
+                            p.add_(shift[n][0])
                 n_steps += 1
             if progress is not None:
                 progress.update(1)
@@ -273,6 +290,7 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
     loss_sums = torch.zeros(k, device=dev)
     loss_counts = torch.zeros(k, device=dev)
     terms = objective.terms
+    backward_hooks, step_hooks = _hooks_with(objective, "after_backward"), _hooks_with(objective, "after_step")
     ctx_stacked, ctx_dims = _stack_ctx(objective, k)
     host_indices = [ix.cpu() for ix in client_indices]
     row_sets: Dict[Tuple[int, ...], Tensor] = {}   # active clients -> their rows on the device, made once
@@ -318,12 +336,18 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
                 total = total + _vmapped_term(term, cur, ctx_stacked, ctx_dims, rows).sum()
             grads = torch.autograd.grad(total, list(cur.values()))
             grads = dict(zip(cur.keys(), grads))
-            if objective.step_hooks:
-                for h in objective.step_hooks:
-                    h.after_backward([client_ids[i] for i in active], grads, counts.long())
+            for h in backward_hooks:
+                h.after_backward([client_ids[i] for i in active], grads, counts.long())
             if local.clip_grad_norm is not None:
                 clip_stacked_(grads, local.clip_grad_norm)
             opt.step(grads, rows)
+            for shift in _weight_shifts(step_hooks, [client_ids[i] for i in active]):
+                with torch.no_grad():
+                    for n, p in params.items():
+                        if rows is None:
+                            p.add_(shift[n])
+                        else:
+                            p.index_add_(0, rows, shift[n])
             for i in active:
                 n_steps[i] += 1
         if progress is not None:
