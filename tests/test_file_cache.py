@@ -85,3 +85,22 @@ def test_runs_that_differ_in_values_share_one_base_and_do_not_share_edits(monkey
     assert compose_config(runs[0]).local.epochs != 999
     compose_config(["experiment=fedlpa/table6", "dataset=mnist", "seed=0"])   # another group choice: another base
     assert len(composing._BASES) == 2
+
+
+def test_config_groups_are_what_hydras_repository_says():
+    """compose_config and the table plans split overrides into group choices and values with is_config_group, a
+    folder test that works outside a Hydra context: it must answer as Hydra's repository does for every folder of
+    conf/ (nested ones too), for value keys and for keys that are neither."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedbench.config.compose import is_config_group
+
+    folders = [p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*") if p.is_dir()]
+    keys = folders + ["seed", "local.lr", "partition.spec", "dataset.normalize", "experiment.fedlpa",
+                      "experiment/fedlpa/table6", "no_such_group", "algorithm.mu"]
+    assert "experiment/fedlpa" in folders and len(folders) > len({f.split("/")[0] for f in folders})
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        repo = GlobalHydra.instance().hydra.config_loader.repository
+        hydra = {k: repo.group_exists(k) for k in keys}
+    ours = {k: is_config_group(k) for k in keys}
+    assert ours == hydra and sum(ours.values()) == len(folders)

@@ -118,6 +118,13 @@ _BASES: "OrderedDict[tuple, DictConfig]" = OrderedDict()
 _MAX_BASES = 256
 
 
+def is_config_group(key: str, conf_dir: Path = CONF_DIR) -> bool:
+    """Whether an override's key (``dataset``, ``experiment/fedlpa``; ``partition.spec`` is a value) names a config
+    group: a folder under conf_dir, which is what Hydra's repository answers for fedbench's one search path (``hydra``
+    keys, whose groups live in Hydra's package, are never asked). Outside a Hydra context, so table plans can ask."""
+    return (Path(conf_dir) / key).is_dir()
+
+
 def _from_shared_base(overrides: Sequence[str], conf_dir: Path) -> Optional[DictConfig]:
     """Hydra's composition, done in its two steps with the first shared: the group overrides (``dataset=mnist``,
     ``experiment=...``) alone pick the defaults list and compose a base config, then Hydra's own
@@ -128,20 +135,18 @@ def _from_shared_base(overrides: Sequence[str], conf_dir: Path) -> Optional[Dict
     base is keyed by every config file's path, mtime and size: an edited YAML composes again."""
     from hydra import compose
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception:
         return None
-    repo = GlobalHydra.instance().hydra.config_loader.repository
     groups, values = [], []
     for o in parsed:
         if o.is_sweep_override() or o.is_hydra_override():
             return None
         # Hydra's own split (defaults_list.Overrides): a dict value, or a key that is no group, is a value override
-        is_value = isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)
+        is_value = isinstance(o.value(), dict) or not is_config_group(o.key_or_group, conf_dir)
         (values if is_value else groups).append(o)
     key = (str(conf_dir), _conf_stamp(conf_dir), tuple(o.input_line for o in groups))
     base = _BASES.get(key)

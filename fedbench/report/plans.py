@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from fedbench.config.aggregators import expand_runs
-from fedbench.config.compose import parse_overrides
+from fedbench.config.compose import is_config_group, parse_overrides
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.results.records import compute_run_id
@@ -128,7 +128,7 @@ def _is_plain_value(o, conf_dir: Path) -> bool:
     if o.is_add() or o.is_force_add() or o.is_delete() or o.is_sweep_override() or o.is_hydra_override():
         return False
     key = o.key_or_group
-    if o.package is not None or key.split(".")[0] in _PER_RUN or (conf_dir / key.replace(".", "/")).is_dir():
+    if o.package is not None or key.split(".")[0] in _PER_RUN or is_config_group(key, conf_dir):
         return False
     v = o.value()
     return all(isinstance(x, _SCALARS) and not (isinstance(x, str) and "${" in x)
