@@ -263,9 +263,12 @@ step_fedlpa_figure2_reference() { # the seed-0 FedLPA series again with every ro
     run experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0
     table experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0 '+table.plots=[fedlpa_solver_rounds]' --name reference
 }
-step_fedlpa_figure2_scaffold() {  # Fig. 2's SCAFFOLD series, seeds 0-2, with NIID-Bench's correction after each SGD step
+step_fedlpa_figure2_scaffold() {  # Fig. 2's SCAFFOLD series, seeds 0-2, with NIID-Bench's correction after each SGD step;
+                                  # beside it the paper's corrected gradient through momentum 0.9 (seed 0, session 49)
     run experiment=fedlpa/figure2 profile=paper "$FIG2_SCAFFOLD"
     table experiment=fedlpa/figure2 profile=paper
+    table experiment=fedlpa/figure2 profile=paper 'aggregators=[scaffold,{name:scaffold,correction:after_step}]' \
+        '+table.label_keys={scaffold:[correction]}' --name scaffold_correction
 }
 step_fedlpa_figure2_baselines() { # Fig. 2's other 7 series, seeds 0-2: the two the claims read first
     run experiment=fedlpa/figure2 profile=paper "$FIG2_CLAIMED"
