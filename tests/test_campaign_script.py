@@ -13,12 +13,13 @@ from fedbench.launch.sweep import expand_sweep, missing_methods
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def campaign_commands(*args, keep_name=False):
+def campaign_commands(*args, keep_name=False, runs_only=False):
+    """The reproduce.py commands a campaign.sh call prints (runs_only: not the table lines a step ends with)."""
     out = subprocess.run(["bash", str(ROOT / "scripts" / "campaign.sh"), *args], env={"PYTHON": "echo", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     cmds = []
     for line in out.splitlines():
-        if not line.startswith("scripts/reproduce.py"):
+        if not line.startswith("scripts/reproduce.py") or (runs_only and "--collect-only" in line.split()):
             continue
         words = line.split()[1:]   # the shell's words (no override holds a space); quotes inside stay, as Hydra gets them
         if "--name" in words and not keep_name:
@@ -117,8 +118,7 @@ def test_the_split_figure2_steps_run_exactly_the_presets_series():
         return {compute_run_id(sub) for ovs in expand_sweep(cmd)[:1] for sub in expand_aggregators(compose_run(ovs), CONF_DIR)}
 
     steps = ("fedlpa_figure2_fedlpa", "fedlpa_figure2_scaffold", "fedlpa_figure2_baselines")
-    split = [c for step in steps for c in campaign_commands(step)
-             if any(w.startswith("aggregators=") for w in c)]   # the run lines (the collect lines have none)
+    split = [c for step in steps for c in campaign_commands(step, runs_only=True)]
     assert len(split) == 4
     preset = series(["experiment=fedlpa/figure2", "profile=paper"])
     parts = [series(c) for c in split]

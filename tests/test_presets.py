@@ -277,3 +277,21 @@ def test_a_fixed_value_outside_an_axis_is_refused_and_choice_replaces_the_axis()
         preset_meta(base + ["local.epochs=1"])
     five, one = expand_sweep(base), expand_sweep(base + ["local.epochs=choice(1)"])
     assert len(one) == len(five) == 3 and all("local.epochs=1" in r for r in one)
+
+
+def test_a_preset_without_a_table_sweeps_its_hydra_sweeper_params(tmp_path):
+    """expand_sweep reads a preset's table from a composition without the hydra node (the shared base); a preset
+    with no table but hydra.sweeper.params (Hydra's own multirun axes) still expands them."""
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "experiment" / "seeds_only.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      seed: 0,1\n      local.lr: 0.1,0.01\n")
+    runs = expand_sweep(["experiment=seeds_only", "algorithm=fedavg"], conf)
+    assert runs == [["experiment=seeds_only", "algorithm=fedavg", f"seed={s}", f"local.lr={lr}"]
+                    for s in (0, 1) for lr in ("0.1", "0.01")]
+    # a fixed value restricts its axis to itself, as for a table: one of the axis' values, or nothing
+    assert expand_sweep(["experiment=seeds_only", "algorithm=fedavg", "seed=1"], conf) == [
+        ["experiment=seeds_only", "algorithm=fedavg", "seed=1", f"local.lr={lr}"] for lr in ("0.1", "0.01")]
+    assert expand_sweep(["experiment=seeds_only", "algorithm=fedavg", "seed=3"], conf) == []

@@ -67,7 +67,11 @@ def expand_sweep(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> List[Li
     fixed, sweeps = _split(overrides)
     fixed_values = {f.split("=", 1)[0].lstrip("+~"): f.split("=", 1)[1] if "=" in f else "" for f in fixed}
     fixed_keys = set(fixed_values)
-    base = compose_config(fixed, conf_dir, with_hydra=True)
+    # a preset's table needs no hydra node, and without it compose_config reuses the shared base of its group
+    # choices (a full Hydra composition is most of reading a table's sweep); hydra.sweeper.params needs the node
+    base = compose_config(fixed, conf_dir)
+    if not base.get("table"):
+        base = compose_config(fixed, conf_dir, with_hydra=True)
     blocks: List[Dict] = [{}]
     profile_sweep: Dict = {}
     profile_set: List[str] = []
