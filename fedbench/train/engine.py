@@ -173,10 +173,25 @@ def _hooks_with(objective: LocalObjective, method: str) -> list:
     return [h for h in objective.step_hooks if hasattr(h, method)]
 
 
-def _weight_shifts(hooks: list, client_ids: List[int]) -> List[Params]:
-    """The ``after_step`` changes of the weights of these clients, stacked in their order (None: no change)."""
-    shifts = (h.after_step(client_ids) for h in hooks)
-    return [s for s in shifts if s is not None]
+@torch.no_grad()
+def _shift_weights(hooks: list, client_ids: List[int], params: Params, rows: Optional[Tensor] = None) -> None:
+    """Add the hooks' ``after_step`` changes ([len(client_ids), *shape], None: no change) to the clients' stacked
+    weights: every row, or ``rows`` of them (the batched engine's active clients)."""
+    for h in hooks:
+        shift = h.after_step(client_ids)
+        for n, p in (params.items() if shift is not None else ()):
+            if rows is None:
+                p.add_(shift[n])
+            else:
+                p.index_add_(0, rows, shift[n])
+
+
+def _active_rows(cache: Dict[Tuple[int, ...], Tensor], active: List[int], dev) -> Tensor:
+    """The active clients' rows as a tensor on the device, made once per set of clients."""
+    key = tuple(active)
+    if key not in cache:
+        cache[key] = torch.tensor(active, device=dev)
+    return cache[key]
 
 
 def _extras(per_client: List[Dict[str, Any]]) -> Dict[str, list]:
@@ -245,10 +260,7 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
                 if local.clip_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(worker.parameters(), local.clip_grad_norm)
                 opt.step()
-                for shift in _weight_shifts(step_hooks, [client_ids[i]]):
-                    with torch.no_grad():
-                        for n, p in named.items():
-                            p.add_(shift[n][0])
+                _shift_weights(step_hooks, [client_ids[i]], {n: p.unsqueeze(0) for n, p in named.items()})
                 n_steps += 1
             if progress is not None:
                 progress.update(1)
@@ -303,11 +315,7 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
         for s in range(max(n_batches)):
             active = [i for i in range(k) if s < n_batches[i]]
             ka = len(active)
-            rows = None
-            if ka < k:
-                rows = row_sets.get(tuple(active))
-                if rows is None:
-                    rows = row_sets[tuple(active)] = torch.tensor(active, device=dev)
+            rows = None if ka == k else _active_rows(row_sets, active, dev)
             idx, weight = idx_all[s, :ka], weight_all[s, :ka]
             x = data.raw(idx.reshape(-1))
             if data.augment is not None:
@@ -341,13 +349,7 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
             if local.clip_grad_norm is not None:
                 clip_stacked_(grads, local.clip_grad_norm)
             opt.step(grads, rows)
-            for shift in _weight_shifts(step_hooks, [client_ids[i] for i in active]):
-                with torch.no_grad():
-                    for n, p in params.items():
-                        if rows is None:
-                            p.add_(shift[n])
-                        else:
-                            p.index_add_(0, rows, shift[n])
+            _shift_weights(step_hooks, [client_ids[i] for i in active], params, rows)
             for i in active:
                 n_steps[i] += 1
         if progress is not None:
