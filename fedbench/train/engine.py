@@ -260,7 +260,8 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
                 if local.clip_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(worker.parameters(), local.clip_grad_norm)
                 opt.step()
-                _shift_weights(step_hooks, [client_ids[i]], {n: p.unsqueeze(0) for n, p in named.items()})
+                if step_hooks:   # no per-step work for the methods without one
+                    _shift_weights(step_hooks, [client_ids[i]], {n: p.unsqueeze(0) for n, p in named.items()})
                 n_steps += 1
             if progress is not None:
                 progress.update(1)
@@ -349,7 +350,8 @@ def _train_batched(model, data, client_indices, starts, local, objective, seed, 
             if local.clip_grad_norm is not None:
                 clip_stacked_(grads, local.clip_grad_norm)
             opt.step(grads, rows)
-            _shift_weights(step_hooks, [client_ids[i] for i in active], params, rows)
+            if step_hooks:
+                _shift_weights(step_hooks, [client_ids[i] for i in active], params, rows)
             for i in active:
                 n_steps[i] += 1
         if progress is not None:
