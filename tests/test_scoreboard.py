@@ -472,8 +472,6 @@ def test_best_on_test_over_compares_each_methods_best_cell_of_the_grid():
                       "std": 0.5},
                      {"partition": alpha, "local_epochs": e, "local.lr": lr, "method": "l", "n": 3, "mean": lm,
                       "std": 0.5}]
-    rows.append({"partition": "alpha=1", "local_epochs": 1, "local.lr": 0.01, "method": "w", "n": 0,
-                 "mean": float("nan"), "std": float("nan")})   # a cell not run is never the best
     s = pd.DataFrame(rows)
     colls = {"t": {"summary": s, "meta": {"rows": ["partition", "local_epochs", "local.lr"]}}}
     best = {"collection": "t", "winner": "w", "loser": "l", "best_on_test_over": ["local_epochs", "local.lr"]}
@@ -493,6 +491,39 @@ def test_best_on_test_over_compares_each_methods_best_cell_of_the_grid():
     assert sorted(cells[cells["method"] == "w"]["mean"]) == [40.0, 90.0]
     with pytest.raises(FedbenchError, match="best_on_test_over names"):
         _claim_status({**best, "best_on_test_over": ["local.batch_size"]}, colls)
+
+
+def test_best_on_test_over_leaves_out_rows_whose_grid_ran_in_part():
+    # FOLA Fig. 3 at N = 20, alpha = 0.01 after 2 of the 3 settings: the best over the settings that ran first is not
+    # the paper's selection, so the row counts for no claim until its grid is complete (here it would fail one:
+    # w 50 / 40 against l 60 / 45, while w's third, not yet run setting may win)
+    rows = []
+    for alpha, w_cells, l_cells in (("alpha=0.01", (50.0, 70.0, 40.0), (60.0, 55.0, 45.0)),
+                                    ("alpha=1", (90.0, 91.0, 92.0), (93.0, 85.0, 80.0))):
+        for (e, lr), wm, lm in zip(((1, 0.1), (5, 0.1), (5, 0.01)), w_cells, l_cells):
+            n = 0 if (alpha, e, lr) == ("alpha=0.01", 5, 0.1) else 3   # w and l: one cell not run at alpha = 0.01
+            rows += [{"partition": alpha, "local_epochs": e, "local.lr": lr, "method": m, "n": n,
+                      "mean": mean if n else float("nan"), "std": 0.5 if n else float("nan")}
+                     for m, mean in (("w", wm), ("l", lm))]
+    colls = {"t": {"summary": pd.DataFrame(rows), "meta": {"rows": ["partition", "local_epochs", "local.lr"]}}}
+    best = {"collection": "t", "winner": "w", "loser": "l", "best_on_test_over": ["local_epochs", "local.lr"]}
+    note = "1 row(s) left out until their grid of settings has run in full (alpha=0.01)"
+    assert _claim_status(best, colls) == ("not reproduced", f"0/1 rows (fails: alpha=1); {note}")
+    cells, _ = claim_cells(best, colls["t"])
+    assert set(cells["partition"]) == {"alpha=1"}
+    # only the partly run row asked for: not run, and the detail says why
+    assert _claim_status({**best, "where": {"partition": ["alpha=0.01"]}}, colls) == \
+        ("not run", f"no row has both methods; {note}")
+    # a row the claim does not ask for is not named
+    assert _claim_status({**best, "where": {"partition": ["alpha=1"]}}, colls) == \
+        ("not reproduced", "0/1 rows (fails: alpha=1)")
+    # a third method partly run there does not leave the row out of a claim on w and l once their grids are whole
+    s = colls["t"]["summary"]
+    s.loc[s["n"] == 0, "method"] = "x"
+    s = pd.concat([s, pd.DataFrame([{"partition": "alpha=0.01", "local_epochs": 1, "local.lr": 0.1, "method": "x",
+                                     "n": 3, "mean": 99.0, "std": 0.5}])], ignore_index=True)
+    assert _claim_status(best, {"t": {**colls["t"], "summary": s}}) == \
+        ("not reproduced", "0/2 rows (fails: alpha=0.01, alpha=1)")
 
 
 def test_best_on_test_over_compares_means_over_the_same_seeds():

@@ -254,7 +254,8 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
     one of them that ran in the row) or
     ``{collection, method, along, direction}`` (the method's means must fall, or rise, strictly along the row key
     ``along``). The detail says "provisional" while a compared row has fewer than the paper's seeds for either
-    method (the means then rest on fewer, or different, seeds)."""
+    method (the means then rest on fewer, or different, seeds). A best-of claim (``best_on_test_over``) leaves out,
+    and names, the rows where a method's grid of settings ran only in part."""
     c = colls.get(claim.get("collection"))
     if c is None:
         return "not run", "collection not committed"
@@ -262,7 +263,26 @@ def _claim_status(claim: Dict[str, Any], colls: Dict[str, Dict[str, Any]]) -> tu
         return "not run", "no records"
     s, keys = claim_cells(claim, c)
     if "along" in claim:
-        return _monotone_status(claim, c, s, keys)
+        status, detail = _monotone_status(claim, c, s, keys)
+    else:
+        status, detail = _ordering_status(claim, c, s, keys)
+    return status, detail + _left_out(claim, s.attrs.get("partly_run") or [], keys)
+
+
+def _left_out(claim: Dict[str, Any], partly_run: List[tuple], keys: List[str]) -> str:
+    """The detail's note on the rows a best-of claim left out because a method's grid there ran only in part."""
+    methods = {claim.get("method"), claim.get("winner"), *([claim.get("loser")] if isinstance(claim.get("loser"), str)
+                                                          else claim.get("loser") or [])} - {None}
+    where = {k: [norm_key(x) for x in (v if isinstance(v, list) else [v])] for k, v in (claim.get("where") or {}).items()}
+    rows = sorted({"/".join(g[:-1]) or "all" for g in partly_run if g[-1] in methods
+                   and all(dict(zip(keys, g[:-1])).get(k, w[0]) in w for k, w in where.items())})
+    if not rows:
+        return ""
+    return f"; {len(rows)} row(s) left out until their grid of settings has run in full ({', '.join(rows)})"
+
+
+def _ordering_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, keys: List[str]) -> tuple:
+    """A ``{winner, loser}`` claim over the rows of ``s`` (see ``_claim_status``)."""
     rows, held, failed, short = 0, 0, [], 0
     want = claim.get("paper_seeds") or paper_seeds(c["meta"]) or 0   # a figure's seeds live in its sweep
     where = claim.get("where") or {}
@@ -323,6 +343,7 @@ def claim_cells(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
         raise FedbenchError(f"claim {claim.get('text')!r}: best_on_test_over names {unknown}, not row keys of "
                             f"{claim.get('collection')} ({', '.join(keys)})")
     rest = [k for k in keys if k not in over]
+    partial = _partly_run(c["summary"], rest + ["method"])
     runs = c.get("runs")
     if runs is not None and "seed" in runs and "status" in runs:
         ok = runs[runs["status"] == "ok"]
@@ -330,11 +351,26 @@ def claim_cells(claim: Dict[str, Any], c: Dict[str, Any]) -> tuple:
         s = summarise(complete_seeds(ok, rest + ["method"], keys + ["method"]), c.get("metric", "accuracy"))
     keys = rest
     ran = s[s["n"] > 0] if len(s) else s
-    if ran.empty:
-        return ran, keys
-    lower = c.get("metric", "accuracy") in LOWER_IS_BETTER
-    groups = ran.groupby(keys + ["method"], sort=False, dropna=False)["mean"]
-    return ran.loc[groups.idxmin() if lower else groups.idxmax()].reset_index(drop=True), keys
+    if len(ran) and partial:
+        ran = ran[[tuple(norm_key(v) for v in r) not in partial
+                   for r in ran[keys + ["method"]].itertuples(index=False)]]
+    if not ran.empty:
+        lower = c.get("metric", "accuracy") in LOWER_IS_BETTER
+        groups = ran.groupby(keys + ["method"], sort=False, dropna=False)["mean"]
+        ran = ran.loc[groups.idxmin() if lower else groups.idxmax()].reset_index(drop=True)
+    ran.attrs["partly_run"] = sorted(partial)
+    return ran, keys
+
+
+def _partly_run(summary: pd.DataFrame, group: List[str]) -> set:
+    """The ``group`` values (normalised tuples) whose grid of planned cells ran only in part: some cells have runs,
+    others none yet. Their best over the grid is the best over the cells that happened to run first, not the
+    paper's selection, so a best-of claim leaves them out until the grid is complete."""
+    if summary.empty or "n" not in summary:
+        return set()
+    ran = (summary["n"] > 0).groupby([summary[k].map(norm_key) for k in group], sort=False, dropna=False)
+    share = ran.mean()
+    return {k if isinstance(k, tuple) else (k,) for k, v in share.items() if 0 < v < 1}
 
 
 def _as_number(v: Any) -> float:
