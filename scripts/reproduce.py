@@ -151,27 +151,28 @@ def regenerate_all() -> int:
 
     from fedbench.papers import load_papers
     from fedbench.report.figures import plot_table
-    from fedbench.report.tables import COLLECTIONS, collect, read_collections
+    from fedbench.report.tables import COLLECTIONS, collect, read_collections, runs_read_once
 
     load_papers()   # the papers' row keys, labels, plots and studies, which the report reads
     out_root = Path(os.environ.get("FEDBENCH_OUTPUTS", "outputs"))
     unpublished: list = []   # finished records read from out_root that results/records lacks
     try:
-        entries = read_collections(Path("results") / COLLECTIONS)
-        for e in entries:
-            ovs = list(e["overrides"])
-            path = collect(ovs, out_root, Path("results") / "tables", e.get("metric"), suffix=e.get("suffix"),
-                           publish=False, unpublished=unpublished)
-            print(f"table written: {path}")
-            try:
-                print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures', suffix=e.get('suffix'))}")
-            except FedbenchError:
-                pass
-        from fedbench.report.studies import redraw_committed_studies
-        for path in redraw_committed_studies(out_root, Path("results") / "figures"):
-            print(f"figure written: {path}")
-        from fedbench.report.scoreboard import write_scoreboard
-        print(f"scoreboard written: {write_scoreboard(Path('results'), out_root)}")
+        with runs_read_once():   # the tables, their figures and the scoreboard read the same sweeps
+            entries = read_collections(Path("results") / COLLECTIONS)
+            for e in entries:
+                ovs = list(e["overrides"])
+                path = collect(ovs, out_root, Path("results") / "tables", e.get("metric"), suffix=e.get("suffix"),
+                               publish=False, unpublished=unpublished)
+                print(f"table written: {path}")
+                try:
+                    print(f"figure written: {plot_table(ovs, out_root, Path('results') / 'figures', suffix=e.get('suffix'))}")
+                except FedbenchError:
+                    pass
+            from fedbench.report.studies import redraw_committed_studies
+            for path in redraw_committed_studies(out_root, Path("results") / "figures"):
+                print(f"figure written: {path}")
+            from fedbench.report.scoreboard import write_scoreboard
+            print(f"scoreboard written: {write_scoreboard(Path('results'), out_root)}")
         if unpublished:
             # the tables count them, a fresh clone's would not (and tests/test_scoreboard.py fails on the difference)
             print(f"fedbench: WARNING: these tables read {len(set(unpublished))} finished record(s) from {out_root} "

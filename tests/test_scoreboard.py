@@ -11,7 +11,7 @@ from fedbench.launch.sweep import CONF_DIR, compose_run, expand_sweep
 from fedbench.results.records import compute_run_id, write_csv_atomic, write_json_atomic
 from fedbench.report.scoreboard import (FIGURE, _claim_status, claim_cells, collection_summaries, load_campaign, plot_scoreboard,
                                         render, scoreboard_cells)
-from fedbench.report.tables import COLLECTIONS, collect, read_collections, score, summarise
+from fedbench.report.tables import COLLECTIONS, collect, read_collections, runs_read_once, score, summarise
 from fedbench.config.aggregators import expand_aggregators
 from tests.conftest import ok_record
 
@@ -237,9 +237,14 @@ def test_scoreboard_figure_marks_each_cell(tmp_path):
 def test_committed_tables_and_scoreboard_are_regenerated_from_committed_records(tmp_path, monkeypatch):
     """Each table listed in results/collections.yaml equals what collect makes from results/records alone, and
     results/REPRODUCTION.md is what `make tables` makes from them (regenerate it if this fails). One test, not two:
-    the scoreboard reads the tables' sweeps again, and in one process it reuses their compositions (sweep_configs),
-    most of its cost; pytest-xdist would otherwise put the two on different workers."""
+    the scoreboard reads the tables' sweeps again, and in one process it reuses their records (runs_read_once);
+    pytest-xdist would otherwise put the two on different workers."""
     monkeypatch.setenv("FEDBENCH_RECORDS", str(ROOT / "results" / "records"))
+    with runs_read_once():   # as `make tables`: the scoreboard reads the tables' sweeps again
+        _check_committed_tables(tmp_path)
+
+
+def _check_committed_tables(tmp_path):
     entries = read_collections(ROOT / "results" / COLLECTIONS)
     assert entries, "no committed collections"
     for e in entries:

@@ -494,3 +494,39 @@ def test_fedlap_appE5_reads_all_16_paper_cells_from_round_histories(tmp_path):
     assert homog("max r50")["mean"] == pytest.approx(85.0) and homog("max r50")["paper"] == 80.3
     assert homog("first >= 78")["mean"] == 36 and homog("first >= 78")["paper"] == 25.0
     assert _cell(s, partition="heterog", column="first >= 75")["paper"] == 16.0
+
+
+def test_runs_read_once_reads_a_table_once_within_its_scope(tmp_path, monkeypatch):
+    """make tables collects every table, then the scoreboard reads the same sweeps: inside runs_read_once each
+    (overrides, output root, record store) is read once, every caller gets its own copy, and outside the scope every
+    call reads again (a campaign writes records between calls)."""
+    import fedbench.report.tables as tables
+    reads = []
+
+    def fake_read(overrides, output_root, conf_dir):
+        reads.append((tuple(overrides), str(output_root)))
+        df = pd.DataFrame({"method": ["fedavg"], "accuracy": [float(len(reads))]})
+        df.attrs["table"] = {"rows": ["dataset"]}
+        return df
+
+    monkeypatch.setattr(tables, "_read_table_runs", fake_read)
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path / "store_a"))
+    table_runs(["a=1"], tmp_path)
+    table_runs(["a=1"], tmp_path)
+    assert len(reads) == 2   # no scope: read every time
+    with tables.runs_read_once():
+        first = table_runs(["a=1"], tmp_path)
+        first.loc[0, "accuracy"] = -1.0   # a caller's change stays in its copy
+        first.attrs["table"]["rows"] = ["x"]
+        again = table_runs(["a=1"], tmp_path)
+        assert len(reads) == 3 and again.loc[0, "accuracy"] == 3.0 and again.attrs["table"] == {"rows": ["dataset"]}
+        with tables.runs_read_once():   # a nested scope shares the outer one's reads
+            table_runs(["a=1"], tmp_path)
+        assert len(reads) == 3
+        table_runs(["a=2"], tmp_path)                # other overrides,
+        table_runs(["a=1"], tmp_path / "other")      # another output root
+        monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path / "store_b"))
+        table_runs(["a=1"], tmp_path)                # or another record store: read apart
+        assert len(reads) == 6
+    table_runs(["a=1"], tmp_path)
+    assert len(reads) == 7   # the scope closed: read again

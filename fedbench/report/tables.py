@@ -18,11 +18,13 @@ table (FedDyn's weight decay).
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -185,13 +187,41 @@ class TableMeta(dict):
         return self
 
 
+# (overrides, output root, conf dir, record store) -> table_runs' frame, while a runs_read_once() scope is open
+_READ_ONCE: Optional[Dict[tuple, pd.DataFrame]] = None
+
+
+@contextlib.contextmanager
+def runs_read_once() -> Iterator[None]:
+    """Within the scope, table_runs reads each table's records once: collecting every committed table and then
+    the scoreboard (``make tables``, the committed-tables test) read the same sweeps twice. Only for a scope in
+    which no record is written; each call gets its own copy of the frame."""
+    global _READ_ONCE
+    outer, _READ_ONCE = _READ_ONCE, ({} if _READ_ONCE is None else _READ_ONCE)
+    try:
+        yield
+    finally:
+        _READ_ONCE = outer
+
+
 def table_runs(overrides: Sequence[str], output_root: Path, *, conf_dir: Optional[Path] = None) -> pd.DataFrame:
     """One row per (run of the table's sweep, aggregator): keys, method, run_id, status, metrics.
 
     With ``table.columns``: one row per (run, aggregator, column that applies) with ``column``, ``metric``,
     the column's keys, ``value`` and ``never`` (a finished run whose summary says the threshold was never reached).
     """
+    if _READ_ONCE is None:
+        return _read_table_runs(overrides, output_root, conf_dir)
+    key = (tuple(overrides), Path(output_root).resolve(), Path(conf_dir or CONF_DIR).resolve(),
+           records_dir().resolve(), tuning_store().resolve())
+    if key not in _READ_ONCE:
+        _READ_ONCE[key] = _read_table_runs(overrides, output_root, conf_dir)
+    df = _READ_ONCE[key].copy()
+    df.attrs = copy.deepcopy(_READ_ONCE[key].attrs)
+    return df
 
+
+def _read_table_runs(overrides: Sequence[str], output_root: Path, conf_dir: Optional[Path]) -> pd.DataFrame:
     rows = []
     meta = None
     specs: List[ColumnSpec] = []
