@@ -7,9 +7,14 @@ fedbench's hook reuses scratch tensors; the plain baseline below writes the same
 (a new tensor per operation), as the hook did before. Both give the same bits (checked). One thread, minimum over
 --repeats of --steps steps.
 
-    python scripts/bench_fola_online.py [--steps 200] [--repeats 5]
+``--engine``: local training itself with the paper's per-sample Fisher (fola/figure3's step: MNIST-shaped inputs,
+channels_last, B = 32, clip 10): the serial engine handing the hook its weights and minibatch (``wants_batch``)
+against the hook replaying the SGD update and the batch stream, as before; same bits checked.
+
+    python scripts/bench_fola_online.py [--steps 200] [--repeats 5] [--engine]
 """
 import argparse
+import copy
 import os
 import sys
 import time
@@ -21,6 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fedbench.algorithms.fola import FolaOnlineHook  # noqa: E402
 from fedbench.curvature.online import OnlineDiagFisher  # noqa: E402
+from fedbench.train.config import LocalTrainConfig  # noqa: E402
+from fedbench.train.engine import LocalObjective, TrainData, train_clients  # noqa: E402
 
 SHAPES = {"0.weight": (500, 784), "0.bias": (500,), "2.weight": (300, 500), "2.bias": (300,),
           "4.weight": (10, 300), "4.bias": (10,)}
@@ -37,12 +44,51 @@ def plain_step(acc, theta, g, prior, lr, clip, batch):
         theta[n].add_(t, alpha=-lr)
 
 
+def bench_engine(steps: int, repeats: int) -> int:
+    """One client's local training with the per-sample online Fisher: the hook given the batch vs replaying it."""
+    gen = torch.Generator().manual_seed(0)
+    n = 32 * steps
+    data = TrainData(torch.rand(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen),
+                     mean=(0.1307,), std=(0.3081,))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 500), torch.nn.ReLU(),
+                                torch.nn.Linear(500, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10))
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    local = LocalTrainConfig(lr=0.01, momentum=0.0, batch_size=32, epochs=1, clip_grad_norm=10.0)
+    setup = SimpleNamespace(train=data, client_indices=[torch.arange(n)], local=local, seed=0,
+                            task="classification")
+
+    def train(passed: bool):
+        hook = FolaOnlineHook(setup, [0], start, 1, grad="per_sample_sq", gradient="task",
+                              worker=copy.deepcopy(model))
+        hook.wants_batch = passed
+        res = train_clients(model, data, setup.client_indices, start, local, objective=LocalObjective(step_hooks=[hook]),
+                            seed=0, round_idx=1, backend="serial", memory_format="channels_last")
+        return hook[0].fisher("none"), res.params[0]
+
+    (f_a, w_a), (f_b, w_b) = train(True), train(False)
+    same = all(torch.equal(f_a[k], f_b[k]) and torch.equal(w_a[k], w_b[k]) for k in f_a)
+    times = {"replay": float("inf"), "passed": float("inf")}
+    for _ in range(repeats):   # interleaved, so a busy machine slows both alike
+        for name, passed in (("replay", False), ("passed", True)):
+            t0 = time.perf_counter()
+            train(passed)
+            times[name] = min(times[name], time.perf_counter() - t0)
+    per = {k: v / steps * 1e3 for k, v in times.items()}
+    print(f"FOLA per-sample online Fisher, serial engine, MLP 784-500-300-10, B = 32, {steps} steps, best of {repeats}: "
+          f"hook replays the step and batch {per['replay']:.2f} ms/step, engine passes them {per['passed']:.2f} "
+          f"ms/step, ratio {times['replay'] / times['passed']:.2f}x; same bits: {same}")
+    return 0 if same else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engine", action="store_true", help="time local training with the per-sample Fisher")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.engine:
+        return bench_engine(args.steps, args.repeats)
     gen = torch.Generator().manual_seed(0)
     start = {n: torch.randn(s, generator=gen) * 0.05 for n, s in SHAPES.items()}
     mu = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in start.items()}

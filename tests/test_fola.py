@@ -543,3 +543,33 @@ def test_offline_variants_share_cached_round_one_clients(tmp_path):
     fresh = _build("fola", {"fisher": {"mode": "offline"}}, _setup())
     st, _ = run_rounds(fresh.setup, fresh, _init(fresh.setup), 1, progress=False)
     assert _maxdiff(st["precision"], off["precision"]) < 1e-6
+
+
+@pytest.mark.parametrize("grad", ["minibatch_sq", "per_sample_sq"])
+@pytest.mark.parametrize("momentum,memory_format", [(0.0, "channels_last"), (0.5, "contiguous")])
+def test_serial_engine_passing_its_batch_gives_the_replays_bits(grad, momentum, memory_format):
+    """The serial engine hands FOLA's hook its pre-step weights and minibatch (wants_batch) instead of the hook
+    replaying the SGD update and the batch stream: the same Fisher and weights, bit for bit, with a live prior,
+    clipping and momentum (committed FOLA records keep their numbers)."""
+    setup = _setup(backend="serial", clip=0.2, momentum=momentum)
+    algo = _build("fola", {"lambda_prior": 3.0, "fisher": {"grad": grad}}, setup)
+    state, _ = run_rounds(setup, algo, _init(setup), 1, progress=False)
+    fishers, weights = [], []
+    for passed in (True, False):
+        obj = algo.local_objective(state, [0, 1], 2)
+        hook = obj.step_hooks[0]
+        hook.wants_batch = passed
+        calls = []
+        replay_next = hook.replay.get(0).next if hook.replay else None
+        if replay_next is not None:   # count the replayed batches of client 0
+            hook.replay[0].next = lambda f=replay_next: calls.append(1) or f()
+        res = train_clients(setup.model, setup.train, setup.client_indices, state["params"], setup.local,
+                            objective=obj, seed=setup.seed, round_idx=2, backend="serial", memory_format=memory_format)
+        assert (len(calls) > 0) == (grad == "per_sample_sq" and not passed)
+        fishers.append([hook[c].fisher(norm) for c in (0, 1) for norm in ("none", "steps")])
+        weights.append(res.params)
+    for a, b in zip(*fishers):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+        assert any(float(a[n].abs().max()) > 0 for n in a)
+    for a, b in zip(*weights):
+        assert all(torch.equal(a[n], b[n]) for n in a)

@@ -26,7 +26,8 @@ Round r (1-based), client n, diagonal precisions ω, global posterior N(μ_S, di
 The engine's step hooks see the gradient of (task loss + prior term). With a live prior the task
 gradient is recovered as g − c_r ω_S ⊙ (θ_t − μ_S), with θ_t tracked by replaying the engine's
 (S)GD update (clipping included); ``per_sample_sq`` also replays the engine's minibatches (same
-per-client generator) to get per-sample gradients at θ_t. ``fisher.gradient: total`` squares the
+per-client generator) to get per-sample gradients at θ_t; the serial engine passes both (θ_t and the minibatch), the
+batched one is replayed. ``fisher.gradient: total`` squares the
 engine's gradient as is (cheaper, not the paper's Fisher). Both need ``local.optimizer: sgd``.
 """
 from __future__ import annotations
@@ -172,10 +173,13 @@ class FolaOnlineHook:
 
     ``prior``: (c_r, μ_S, ω_S) of a live prior term whose gradient is in the engine's gradient (to be
     removed for ``gradient: task``), or None. ``after_backward`` also accepts the pre-step weights and
-    the minibatch as keywords (``params=``, ``x=``, ``y=``) should the engine ever pass them; then no
-    replay is needed. ``outputs(client_id)``: the client's Fisher so far (normalised by ``normalize``), which
+    the minibatch as keywords (``params=``, ``x=``, ``y=``), which the serial engine passes (``wants_batch``);
+    then no replay is needed (the batched engine's steps are still replayed). ``outputs(client_id)``: the client's Fisher so far (normalised by ``normalize``), which
     the engine puts into the training result (and its epoch snapshots) as ``extras["online_fisher"]``.
     """
+
+    # the serial engine passes its pre-step weights and minibatch (params=, x=, y=): no replay of them, the same bits
+    wants_batch = True
 
     def __init__(self, setup, client_ids: Sequence[int], start: Params, round_idx: int, *, grad: str,
                  gradient: str, prior: Optional[tuple] = None, worker: Optional[torch.nn.Module] = None,

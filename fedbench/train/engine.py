@@ -70,7 +70,8 @@ class LocalObjective:
     terms: extra loss terms (see fedbench.train.terms), each called as term(params, ctx) with
     ctx = {**shared_ctx, **client_ctx[k]}; step_hooks: objects with either or both of
     ``after_backward(client_ids, grads, batch_sizes)``, called once per optimiser step with the (stacked)
-    gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator), and
+    gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator; the serial engine also passes
+    ``params=``, ``x=``, ``y=`` to a hook whose ``wants_batch`` is true), and
     ``after_step(client_ids) -> {name: [k, *shape]} | None``, a change added to the clients' weights after each
     optimiser step, outside the optimiser (no momentum, weight decay or clipping: SCAFFOLD's released correction).
     A hook that also has ``outputs(client_id) -> dict`` reports what it computed for a client: read at the end
@@ -254,9 +255,7 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if backward_hooks:
-                    grads = {n: p.grad.unsqueeze(0) for n, p in named.items()}
-                    for h in backward_hooks:
-                        h.after_backward([client_ids[i]], grads, torch.tensor([len(idx)]))
+                    _after_backward_serial(backward_hooks, client_ids[i], named, x, data.targets(idx))
                 if local.clip_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(worker.parameters(), local.clip_grad_norm)
                 opt.step()
@@ -278,6 +277,20 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
         outputs.append(_hook_outputs(objective, client_ids[i]))
     snapshots = {e: TrainResult(p_e, s_e, l_e, sum(t_e), _extras(o_e)) for e, (p_e, s_e, l_e, t_e, o_e) in at.items()}
     return TrainResult(results, steps, losses, 0.0, _extras(outputs), snapshots)
+
+
+def _after_backward_serial(hooks: list, client_id: int, named: Dict[str, nn.Parameter], x: Tensor, y: Tensor) -> None:
+    """One client's step to the after_backward hooks (a batch of one client). A hook with ``wants_batch`` also gets
+    the pre-step weights and the minibatch (``params=``, ``x=``, ``y=``, each [1, ...]), so that it need not replay
+    them (FOLA's per-sample Fisher)."""
+    grads = {n: p.grad.unsqueeze(0) for n, p in named.items()}
+    size = torch.tensor([len(y)])
+    for h in hooks:
+        if getattr(h, "wants_batch", False):
+            h.after_backward([client_id], grads, size, params={n: p.detach().unsqueeze(0) for n, p in named.items()},
+                             x=x.unsqueeze(0), y=y.unsqueeze(0))
+        else:
+            h.after_backward([client_id], grads, size)
 
 
 def _mean_loss(epoch_losses: List[Tensor]) -> float:
