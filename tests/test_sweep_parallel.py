@@ -132,6 +132,32 @@ def test_claimed_elsewhere_sees_a_live_claim_on_any_aggregator_of_the_run(tmp_pa
 
 
 
+def test_stage_groups_keep_a_share_epochs_setting_on_one_worker(capsys):
+    """fola/figure3's E values of one setting share one training (share_epochs): they form one group, in order,
+    and a group goes to one worker or slice whole; runs outside share_epochs, or differing in more than E, do not
+    group. Before, two workers (or two local slices) each trained the same setting's 20 epochs."""
+    from fedbench.launch.sweep import expand_sweep
+    from fedbench.config import CONF_DIR
+    todo = expand_sweep(["experiment=fola/figure3", "profile=quick", "partition.alpha=0.01", "num_clients=5",
+                         "local.lr=0.1"], CONF_DIR)
+    assert [o for o in todo[0] if o.startswith("local.epochs=")] == ["local.epochs=1"] and len(todo) == 4
+    groups = list(jobs.stage_groups(todo))
+    assert groups == [todo[0:2], todo[2:4]]   # E = 1, 2 of B = 32, then of B = 128
+    # no share_epochs, or an E it does not list: every run alone
+    assert list(jobs.stage_groups([ovs + ["share_epochs=[]"] for ovs in todo[:2]])) == \
+        [[todo[0] + ["share_epochs=[]"]], [todo[1] + ["share_epochs=[]"]]]
+    three = [o if not o.startswith("local.epochs=") else "local.epochs=3" for o in todo[1]]
+    assert list(jobs.stage_groups([todo[0], three])) == [[todo[0]], [three]]
+    # slices deal whole groups
+    assert jobs.stage_slices(todo, 2) == [todo[0:2], todo[2:4]]
+    assert jobs.stage_slices(todo, 1) == [todo]
+    # a group one of whose runs another process holds is put off whole
+    busy = {tuple(todo[1])}
+    order = list(jobs.busy_last(groups, lambda g: any(tuple(o) in busy for o in g)))
+    assert order == [groups[1], groups[0]]
+    assert "(and 1 run(s) sharing its training) is being run by another process" in capsys.readouterr().err
+
+
 def test_a_second_launcher_runs_what_the_first_does_not_hold(tmp_path, monkeypatch):
     """Another process holds seed 0's claim until seed 1 is done: the sweep runs seed 1 first instead of
     waiting (before, it waited out the holder, which here would only let go after its 60 s patience)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Dict, Iterator, List, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Sequence
 
 from fedbench.config import CONF_DIR
 from fedbench.config.aggregators import expand_runs
 from fedbench.errors import FedbenchError
-from fedbench.launch.parallel import failed_outcome, merge_outcomes, run_isolated, summary_line
+from fedbench.launch.parallel import failed_outcome, merge_outcomes, run_isolated, slices, summary_line
 from fedbench.launch.sweep import compose_run, run_dir
 from fedbench.results.claims import is_held
 from fedbench.runner import execute_all
@@ -48,11 +48,57 @@ def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | N
     return run_isolated(lambda: run_job_records(overrides, launch_dir), label, threads, out)
 
 
+def local_group(group: Sequence[Sequence[str]], launch_dir: str, env: Dict[str, str] | None = None) -> Dict:
+    """The runs of one stage group (``stage_groups``), one after another in this worker."""
+    return merge_outcomes(local_job(list(ovs), launch_dir, env) for ovs in group)
+
+
+def _epochs_of(ovs: Sequence[str]) -> str | None:
+    found = [o.split("=", 1)[1] for o in ovs if o.startswith("local.epochs=")]
+    return found[0] if len(found) == 1 else None
+
+
+def stage_groups(todo: Sequence[Sequence[str]]) -> Iterator[List[Sequence[str]]]:
+    """``todo`` as groups of consecutive runs that share one local training: the same overrides but
+    ``local.epochs``, every E listed in the config's ``share_epochs`` (whichever runs first trains the longest E and
+    caches the others' snapshots). Two workers given two runs of one group would each train it; a group goes to one
+    worker, in order. Every other run is a group of its own. Lazy: one composition per candidate group."""
+    i = 0
+    while i < len(todo):
+        key = [o for o in todo[i] if not o.startswith("local.epochs=")]
+        j = i + 1
+        while j < len(todo) and _epochs_of(todo[i]) is not None and _epochs_of(todo[j]) is not None \
+                and [o for o in todo[j] if not o.startswith("local.epochs=")] == key:
+            j += 1
+        group = list(todo[i:j])
+        if len(group) > 1 and not _shares_epochs(group):
+            yield from ([ovs] for ovs in group)
+        else:
+            yield group
+        i = j
+
+
+def stage_slices(todo: Sequence[Sequence[str]], n: int) -> List[List[Sequence[str]]]:
+    """``todo`` dealt round-robin into at most ``n`` slices (local submitit tasks) by whole stage groups: two slices
+    given runs of one share_epochs setting would each train it."""
+    return [[ovs for group in part for ovs in group] for part in slices(list(stage_groups(todo)), n)]
+
+
+def _shares_epochs(group: Sequence[Sequence[str]]) -> bool:
+    try:
+        share = compose_run(list(group[0])).get("share_epochs") or []
+    except Exception:   # a run that does not compose: its job reports the error
+        return False
+    shared = {str(int(e)) for e in share}
+    return all(str(_epochs_of(ovs)) in shared for ovs in group)
+
+
 def local_slice(todo: Sequence[Sequence[str]], launch_dir: str) -> Dict:
-    """One local submitit task: its share of the sweep, one run after another. Returns the merged outcome
-    with the run ids and statuses of every record (as ``run_job``)."""
-    order = busy_last(todo, lambda ovs: claimed_elsewhere(ovs, launch_dir))
-    total = merge_outcomes(local_job(list(ovs), launch_dir) for ovs in order)
+    """One local submitit task: its share of the sweep (whole stage groups, as ``parallel.slices`` of
+    ``stage_groups``), one run after another. Returns the merged outcome with the run ids and statuses of every
+    record (as ``run_job``)."""
+    order = busy_last(list(stage_groups(todo)), lambda group: _group_claimed(group, launch_dir))
+    total = merge_outcomes(local_group(group, launch_dir) for group in order)
     print(summary_line(total), flush=True)   # the last line of this task's log
     return {**total, "status": ["ok"] * total["ok"] + ["skipped"] * total["skipped"] + ["failed"] * total["failed"]}
 
@@ -63,24 +109,31 @@ def run_local(todo: Sequence[Sequence[str]], launch_dir: str, jobs: int) -> Dict
 
     n = max(1, min(jobs, len(todo)))
     env = {k: v for k, v in os.environ.items() if k.startswith("FEDBENCH_")}
-    order = busy_last(todo, lambda ovs: claimed_elsewhere(ovs, launch_dir))
-    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_job)(list(ovs), launch_dir, env) for ovs in order)
+    # a stage group (share_epochs' runs of one setting) is one task: one worker trains it once
+    order = busy_last(stage_groups(todo), lambda group: _group_claimed(group, launch_dir))
+    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_group)(group, launch_dir, env) for group in order)
     return merge_outcomes(outcomes)
 
 
-def busy_last(todo: Sequence[Sequence[str]], busy: Callable[[Sequence[str]], bool]) -> Iterator[Sequence[str]]:
-    """``todo`` in order, except that a run ``busy`` says another process is training when its turn comes
-    is put off to the end: two launchers on one sweep (two terminals, a second queue) then split it instead
-    of one waiting out the other's claim. A put-off run is tried last and then waits for the claim as before
+def _group_claimed(group: Sequence[Sequence[str]], launch_dir: str) -> bool:
+    return any(claimed_elsewhere(ovs, launch_dir) for ovs in group)
+
+
+def busy_last(todo: Iterable[Sequence], busy: Callable[[Sequence], bool]) -> Iterator[Sequence]:
+    """``todo`` (runs, or groups of runs) in order, except that one ``busy`` says another process is training when
+    its turn comes is put off to the end: two launchers on one sweep (two terminals, a second queue) then split it
+    instead of one waiting out the other's claim. A put-off run is tried last and then waits for the claim as before
     (usually to find the other's ok record and skip). Lazy: joblib asks for a run when a worker is free."""
     later = []
-    for ovs in todo:
-        if busy(ovs):
-            print(f"fedbench: {' '.join(ovs)} is being run by another process; left for the end of this sweep",
+    for item in todo:
+        if busy(item):
+            first = item[0] if item and not isinstance(item[0], str) else item
+            more = f" (and {len(item) - 1} run(s) sharing its training)" if first is not item and len(item) > 1 else ""
+            print(f"fedbench: {' '.join(first)}{more} is being run by another process; left for the end of this sweep",
                   file=sys.stderr, flush=True)
-            later.append(ovs)
+            later.append(item)
         else:
-            yield ovs
+            yield item
     yield from later
 
 

@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 from typing import Dict, Sequence
 
-from fedbench.launch.jobs import local_slice, run_job
-from fedbench.launch.parallel import default_jobs, slices
+from fedbench.launch.jobs import local_slice, run_job, stage_slices
+from fedbench.launch.parallel import default_jobs
 from fedbench.launch.sweep import plan
 from fedbench.runner import check_methods
 
@@ -35,7 +35,7 @@ def submit(overrides: Sequence[str], *, cluster: str = "slurm", folder: str | No
     if force:
         todo = [ovs + ["force=true"] for ovs in todo]
     if executor.cluster == "local":
-        parts = slices(todo, default_jobs(todo[0], parallel))
+        parts = stage_slices(todo, default_jobs(todo[0], parallel))
         return executor.map_array(local_slice, parts, [launch_dir] * len(parts)), todo, done
     jobs = executor.map_array(run_job, todo, [launch_dir] * len(todo))
     return jobs, todo, done
