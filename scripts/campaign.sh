@@ -9,6 +9,9 @@
 #   bash scripts/campaign.sh --status fedbens_table1_fmnist           # runs done / to do per command (trains nothing)
 #   bash scripts/campaign.sh --collect fedbens_table1_fmnist          # publish its finished records, write its tables
 #   make tables                                                       # then every table and the scoreboard
+#   bash scripts/campaign.sh --park                                   # before a session ends: unfinished runs'
+#                                                                     # checkpoints to results/checkpoints/ (commit);
+#                                                                     # a fresh machine's run goes on from them
 #
 # Each run uses one thread and one job at a time (two steps side by side fill a 2-core machine); CAMPAIGN_HW replaces
 # those hardware overrides (e.g. CAMPAIGN_HW="hardware=cuda"). PYTHON defaults to .venv/bin/python.
@@ -462,7 +465,7 @@ STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4
        fola_figures10_12 fola_figures3_4)
 
 usage() {
-    echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list" >&2
+    echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list | --park" >&2
     echo "steps: ${STEPS[*]}" >&2
 }
 
@@ -473,6 +476,9 @@ if [ "$1" = "--list" ]; then
         declare -f "step_$s" | sed -n '3,$p' | sed '$d' | sed 's/^ */    /'
     done
     exit 0
+fi
+if [ "$1" = "--park" ]; then   # before a session ends: unfinished runs' checkpoints to results/checkpoints (commit it)
+    exec "$PY" scripts/park_checkpoints.py --outputs "${FEDBENCH_OUTPUTS:-outputs}"
 fi
 if [ "$1" = "--collect" ]; then
     COLLECT=1

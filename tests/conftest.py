@@ -31,5 +31,7 @@ def ok_record(run_id: str, algorithm: str, **fields):
 
 @pytest.fixture(autouse=True)
 def _no_committed_records(tmp_path_factory, monkeypatch):
-    """Tests never see (or skip a run because of) the repository's committed records (results/records)."""
+    """Tests never see (or skip a run because of) the repository's committed records (results/records), nor go on
+    from its parked checkpoints (results/checkpoints)."""
     monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path_factory.mktemp("committed_records")))
+    monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(tmp_path_factory.mktemp("parked_checkpoints")))

@@ -129,3 +129,32 @@ def test_a_resume_file_of_other_numerics_is_not_used(tmp_path, monkeypatch, caps
     assert "numerics version; set aside" in capsys.readouterr().err
     rec = json.loads((out / "metrics.json").read_text())
     assert rec["status"] == "ok" and "resumed_after_rounds" not in rec and (out / "resume.pt.bad").exists()
+
+
+def test_a_parked_checkpoint_takes_a_run_on_to_a_fresh_machine(tmp_path, monkeypatch, capsys):
+    """A session ends after round 2 of 4: park_checkpoints copies the run's resume file into the committed store;
+    on a fresh machine (an empty output folder) the run goes on from it and ends as the run in one go would. Parking
+    again drops the parked file of the finished run; a later round is never replaced by an earlier one."""
+    from fedbench.fl.resume import park_checkpoints
+    store = tmp_path / "checkpoints"
+    monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(store))
+    cfg = _cfg("fedavg", "checkpoint_every_s=1e-9")
+    rid = compute_run_id(cfg)
+    whole = _run(cfg, tmp_path / "one_go", "runs")
+    _kill_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        _run(cfg, tmp_path / "old_machine", "runs")
+    monkeypatch.undo()
+    monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(store))
+    assert park_checkpoints(tmp_path / "old_machine", store) == {"parked": [f"{rid} (round 2)"], "kept": [], "removed": []}
+    assert park_checkpoints(tmp_path / "old_machine", store)["kept"] == [rid]   # the same round: kept
+    fresh = _run(cfg, tmp_path / "new_machine", "runs")
+    assert "goes on from its parked checkpoint" in capsys.readouterr().err
+    rec = json.loads((fresh / "metrics.json").read_text())
+    assert rec["status"] == "ok" and rec["resumed_after_rounds"] == [2]
+    assert _history(fresh) == _history(whole)
+    a, b = torch.load(whole / "model.pt"), torch.load(fresh / "model.pt")
+    assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
+    assert (store / f"{rid}.pt").exists()   # the store is only changed by parking
+    assert park_checkpoints(tmp_path / "new_machine", store, finished={rid})["removed"] == [rid]
+    assert not (store / f"{rid}.pt").exists()

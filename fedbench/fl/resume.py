@@ -8,10 +8,17 @@ a run that finishes deletes it (records never carry it: RECORD_FILES). Resuming 
 (``Algorithm.resumable``), for methods whose whole memory across rounds is the state dict passed from
 ``aggregate`` to the next round; tests/test_resume.py checks, for each of them, that a run split in two gives the
 same history and weights as the same run in one go.
+
+A session that ends on one machine and goes on on a fresh one (``outputs/`` empty) can take its unfinished runs with
+it: ``park_checkpoints`` copies each run folder's resume file into the committed store ``results/checkpoints/<run_id>.pt``
+(``$FEDBENCH_CHECKPOINTS``; ``bash scripts/campaign.sh --park``), and a run that finds no resume file of its own
+starts from its parked one. Parking again drops the parked files of runs that have since finished.
 """
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -68,7 +75,14 @@ class RoundCheckpoint:
         unreadable, of another run or format, or of other numerics (then it is set aside as ``resume.pt.bad`` and the run starts
         over, with one warning)."""
         if not self.path.exists():
-            return None
+            parked = parked_store() / f"{self.run_id}.pt"
+            if not parked.is_file():
+                return None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(FILE_NAME + ".part")
+            shutil.copyfile(parked, tmp)
+            tmp.replace(self.path)
+            print(f"fedbench: {self.run_id} goes on from its parked checkpoint {parked}", file=sys.stderr)
         try:
             obj = torch.load(self.path, map_location=str(device), weights_only=False)
             ok = (isinstance(obj, dict) and obj.get("format") == FORMAT and obj.get("run_id") == self.run_id
@@ -98,3 +112,43 @@ class RoundCheckpoint:
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def parked_store() -> Path:
+    """The committed store of unfinished runs' resume files: ``$FEDBENCH_CHECKPOINTS``, default
+    ``results/checkpoints`` (relative to the cwd)."""
+    return Path(os.environ.get("FEDBENCH_CHECKPOINTS", "results/checkpoints"))
+
+
+def park_checkpoints(output_root: Path, store: Optional[Path] = None,
+                     finished: Optional[set] = None) -> Dict[str, List[str]]:
+    """Copy every run folder's resume file under ``output_root/runs`` into ``store`` as ``<run_id>.pt`` (a parked
+    file of a later round is kept), and remove the parked files of ``finished`` run ids. Returns the run ids
+    {"parked": [...], "kept": [...], "removed": [...]}."""
+    store = Path(store or parked_store())
+    done: Dict[str, List[str]] = {"parked": [], "kept": [], "removed": []}
+    for path in sorted(Path(output_root).glob(f"runs/*/{FILE_NAME}")):
+        run_id = path.parent.name
+        if finished and run_id in finished:
+            continue
+        target = store / f"{run_id}.pt"
+        if target.is_file() and _round_of(target) >= _round_of(path):
+            done["kept"].append(run_id)
+            continue
+        store.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        shutil.copyfile(path, tmp)
+        tmp.replace(target)
+        done["parked"].append(f"{run_id} (round {_round_of(target)})")
+    for target in sorted(store.glob("*.pt")) if store.is_dir() else []:
+        if finished and target.stem in finished:
+            target.unlink()
+            done["removed"].append(target.stem)
+    return done
+
+
+def _round_of(path: Path) -> int:
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False).get("round", -1))
+    except Exception:   # an unreadable file is replaced
+        return -1
