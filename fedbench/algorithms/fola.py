@@ -174,7 +174,8 @@ class FolaOnlineHook:
     ``prior``: (c_r, μ_S, ω_S) of a live prior term whose gradient is in the engine's gradient (to be
     removed for ``gradient: task``), or None. ``after_backward`` also accepts the pre-step weights and
     the minibatch as keywords (``params=``, ``x=``, ``y=``), which the serial engine passes (``wants_batch``);
-    then no replay is needed (the batched engine's steps are still replayed). ``outputs(client_id)``: the client's Fisher so far (normalised by ``normalize``), which
+    then no replay is needed (the batched engine's steps are still replayed). ``outputs(client_id)``: the
+    client's Fisher so far (normalised by ``normalize``), which
     the engine puts into the training result (and its epoch snapshots) as ``extras["online_fisher"]``.
     """
 

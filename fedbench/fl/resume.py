@@ -10,8 +10,8 @@ a run that finishes deletes it (records never carry it: RECORD_FILES). Resuming 
 same history and weights as the same run in one go.
 
 A session that ends on one machine and goes on on a fresh one (``outputs/`` empty) can take its unfinished runs with
-it: ``park_checkpoints`` copies each run folder's resume file into the committed store ``results/checkpoints/<run_id>.pt``
-(``$FEDBENCH_CHECKPOINTS``; ``bash scripts/campaign.sh --park``), and a run that finds no resume file of its own
+it: ``park_checkpoints`` copies each run folder's resume file into the committed store
+``results/checkpoints/<run_id>.pt`` (``$FEDBENCH_CHECKPOINTS``; ``bash scripts/campaign.sh --park``), and a run that finds no resume file of its own
 starts from its parked one. Parking again drops the parked files of runs that have since finished.
 """
 from __future__ import annotations

@@ -273,7 +273,8 @@ def _left_out(claim: Dict[str, Any], partly_run: List[tuple], keys: List[str]) -
     """The detail's note on the rows a best-of claim left out because a method's grid there ran only in part."""
     methods = {claim.get("method"), claim.get("winner"), *([claim.get("loser")] if isinstance(claim.get("loser"), str)
                                                           else claim.get("loser") or [])} - {None}
-    where = {k: [norm_key(x) for x in (v if isinstance(v, list) else [v])] for k, v in (claim.get("where") or {}).items()}
+    where = {k: [norm_key(x) for x in (v if isinstance(v, list) else [v])]
+             for k, v in (claim.get("where") or {}).items()}
     rows = sorted({"/".join(g[:-1]) or "all" for g in partly_run if g[-1] in methods
                    and all(dict(zip(keys, g[:-1])).get(k, w[0]) in w for k, w in where.items())})
     if not rows:
