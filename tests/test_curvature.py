@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedbench.curvature import (DenseCurvature, DiagCurvature, KFACCurvature, compute_curvature)
+from fedbench.curvature.compute import diag_from_forward, tap_forward
 from fedbench.curvature.curvlinops_adapter import dense_reference
 from fedbench.curvature.engine import KFACHooks, find_layers, patch_shape
 from fedbench.curvature.layout import ParamLayout
@@ -658,3 +659,63 @@ def test_kfac_input_gram_is_chosen_by_flops_and_rejects_unknown_values():
     with pytest.raises(FedbenchError, match="kfac_input_factor"):
         compute_curvature(lenet, torch.randn(2, 1, 28, 28), torch.tensor([0, 1]), structure="kfac",
                           kfac_input_factor="fast")
+
+
+@pytest.mark.parametrize("kind,out,fisher", [("ce", 4, "empirical"), ("ce", 4, "true"), ("bce", 1, "ggn"),
+                                             ("mse", 3, "empirical")])
+def test_diag_read_off_a_training_forward_pass_equals_a_second_pass(kind, out, fisher):
+    """tap_forward + diag_from_forward: the diagonal read off a training loop's own forward pass (graph kept by its
+    backward) has compute_curvature's bits, and the training gradients are unchanged; the tap follows every new
+    forward pass and is spent by its reading."""
+    def make():
+        return nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.ReLU(), nn.Linear(7, 5, bias=False), nn.Tanh(),
+                             nn.Linear(5, out))
+
+    torch.manual_seed(0)
+    model, plain = make(), make()   # plain: the same weights, no tap
+    x = torch.randn(2, 9, 3, 4)
+    y = {"ce": torch.randint(0, out, (9,)), "bce": torch.randint(0, 2, (9,)).float(), "mse": torch.randn(9, out)}[kind]
+    tap = tap_forward(model)
+    assert tap is not None
+    for step in range(2):
+        xb = x[step]
+        loss = (model(xb) ** 2).mean()   # the loop's own loss: any, its graph is the forward pass's
+        model.zero_grad()
+        loss.backward(retain_graph=True)
+        plain.load_state_dict(model.state_dict())
+        want = compute_curvature(plain, xb, y, structure="diag", fisher=fisher, loss=kind, scale="sum")
+        got = diag_from_forward(tap, y, fisher=fisher, loss=kind, scale="sum")
+        assert got.meta["backend"] == "tap" and got.loss == want.loss and got.num_data == 9
+        for n in want.diag:
+            assert torch.equal(got.diag[n], want.diag[n]), n
+            assert float(want.diag[n].abs().max()) > 0
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.1 * p.grad)
+        with pytest.raises(FedbenchError, match="has not run a forward pass"):
+            diag_from_forward(tap, y)
+    tap.remove()
+    model(x[0])
+    assert tap.output is None
+
+
+def test_tap_forward_declines_models_whose_training_pass_may_differ():
+    """No tap (the second pass stays) for dropout, a convolution, a parameter outside Linear, or a model with its
+    own forward; an MLP gets one, and removing it leaves no hook behind."""
+    class Own(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    assert tap_forward(nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 2))) is None
+    assert tap_forward(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2))) is None
+    assert tap_forward(nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2))) is None
+    assert tap_forward(Own()) is None
+    mlp = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[8])
+    tap = tap_forward(mlp)
+    assert tap is not None
+    tap.remove()
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in mlp.modules())

@@ -573,3 +573,43 @@ def test_serial_engine_passing_its_batch_gives_the_replays_bits(grad, momentum, 
         assert any(float(a[n].abs().max()) > 0 for n in a)
     for a, b in zip(*weights):
         assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("momentum,memory_format,chunk", [(0.0, "channels_last", 256), (0.5, "contiguous", 256),
+                                                          (0.0, "contiguous", 5)])
+def test_per_sample_squares_read_off_the_engines_forward_pass_give_the_second_passs_bits(
+        momentum, memory_format, chunk, monkeypatch):
+    """Under the serial engine the per-sample online Fisher reads each step's squares off the engine's own forward
+    pass (``watch`` taps the worker) instead of a second forward pass at the pre-step weights: the same Fisher and
+    weights, bit for bit, with a live prior, clipping and momentum, and no second pass; a minibatch larger than the
+    hook's curvature chunk (chunk 5, batches of 8) keeps the second pass, as its chunked sums differ in rounding."""
+    import fedbench.curvature.online as online
+
+    setup = _setup(backend="serial", clip=0.2, momentum=momentum)
+    algo = _build("fola", {"lambda_prior": 3.0, "fisher": {"grad": "per_sample_sq"}}, setup)
+    state, _ = run_rounds(setup, algo, _init(setup), 1, progress=False)
+    second_passes = []
+    real = online.compute_curvature
+    monkeypatch.setattr(online, "compute_curvature", lambda *a, **k: second_passes.append(1) or real(*a, **k))
+    fishers, weights, passes = [], [], []
+    for tapped in (True, False):
+        obj = algo.local_objective(state, [0, 1], 2)
+        hook = obj.step_hooks[0]
+        hook.tap_forward, hook.chunk = tapped, chunk
+        for acc in hook.accs.values():
+            acc.batch_size = chunk
+        second_passes.clear()
+        res = train_clients(setup.model, setup.train, setup.client_indices, state["params"], setup.local,
+                            objective=obj, seed=setup.seed, round_idx=2, backend="serial", memory_format=memory_format)
+        passes.append(len(second_passes))
+        fishers.append([hook[c].fisher(norm) for c in (0, 1) for norm in ("none", "steps")])
+        weights.append(res.params)
+        assert (hook.tap is not None) == tapped
+    steps = sum(-(-len(i) // 8) for i in setup.client_indices) * setup.local.epochs
+    assert passes[1] == steps
+    assert passes[0] == (0 if chunk >= 8 else steps)
+    for a, b in zip(*fishers):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+        assert any(float(a[n].abs().max()) > 0 for n in a)
+    for a, b in zip(*weights):
+        assert all(torch.equal(a[n], b[n]) for n in a)

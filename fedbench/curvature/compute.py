@@ -9,8 +9,9 @@ import torch.nn as nn
 from torch import Tensor
 
 from fedbench.curvature import likelihood as lik
-from fedbench.curvature.engine import (CONV_CONVENTIONS, INPUT_FACTORS, DiagHooks, GradsHooks, KFACHooks, Layer,
-                                       MultiHooks, execution_order, find_layers, run_func, run_hooks)
+from fedbench.curvature.engine import (CONV_CONVENTIONS, INPUT_FACTORS, DiagHooks, ForwardTap, GradsHooks, KFACHooks,
+                                       Layer, MultiHooks, Patches, consume_forward, execution_order, find_layers,
+                                       run_func, run_hooks)
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.structures import (Curvature, DenseBlock, DenseCurvature, DiagCurvature,
                                            DiagLastLayerFullCurvature, KFACCurvature, KronBlock,
@@ -93,6 +94,57 @@ def curvature_seconds() -> float:
     """Wall seconds spent in ``compute_curvature`` by this process so far (the runner records the
     difference over a run as ``timing.curvature_s``; curvature served from the cache costs nothing)."""
     return _SECONDS[0]
+
+
+# Modules whose forward is torch's own and the same in train and eval mode: a tapped training pass through them
+# equals compute_curvature's eval-mode pass (dropout, batch norm and models with their own forward are left out).
+_MODE_FREE = {c.forward for c in (nn.Sequential, nn.Linear, nn.Flatten, nn.Identity, nn.ReLU, nn.LeakyReLU, nn.Tanh,
+                                  nn.Sigmoid, nn.GELU, nn.Softplus)}
+TAP_FISHERS = ("empirical", "true", "ggn")
+
+
+def tap_forward(model: nn.Module) -> Optional[ForwardTap]:
+    """A tap on ``model``'s forward passes for ``diag_from_forward``, or None where a tapped training pass might not
+    give compute_curvature's bits: a convolution (a training loop's channels_last layout rounds differently), a
+    parameter outside nn.Linear, or a module whose forward depends on train/eval mode or is not torch's own."""
+    layout = ParamLayout.from_module(model)
+    layers, problems = find_layers(model, layout)
+    if problems or not layers or any(l.is_conv for l in layers) \
+            or any(type(m).forward not in _MODE_FREE for m in model.modules()):
+        return None
+    return ForwardTap(model, layers, layout)
+
+
+def diag_from_forward(tap: ForwardTap, y: Tensor, *, fisher: str = "empirical", scale: str = "mean",
+                      loss: str = "auto") -> DiagCurvature:
+    """``compute_curvature(model, x, y, structure="diag", ...)`` read off the model's latest forward pass on x, which
+    ``tap`` kept (its graph alive: a training loop's ``backward(retain_graph=True)``), instead of a second pass: the
+    same bits as compute_curvature's hooks backend in one chunk (x no larger than its ``batch_size``). The pass's
+    graph is released. Counts into ``curvature_seconds``."""
+    t0 = time.perf_counter()
+    _check("tapped fisher type", fisher, TAP_FISHERS)
+    _check("scale", scale, SCALES)
+    out = tap.output
+    if out is None:
+        raise FedbenchError("diag_from_forward: the tapped model has not run a forward pass since its last reading")
+    y = y.to(out.device)
+    if y.shape[0] != out.shape[0]:
+        raise FedbenchError(f"diag_from_forward: the tapped forward pass had {out.shape[0]} inputs, got "
+                            f"{y.shape[0]} targets")
+    kind = lik.resolve_loss(loss, out[:1].detach(), y)
+    N = int(out.shape[0])
+    acc = DiagHooks(tap.layers)
+    consume_forward(out, tap, tap.layers, y, kind, fisher, acc, Patches(tap.layers))
+    tap.output = None   # its graph is spent
+    norm = 1.0 / N if scale == "mean" else 1.0
+    diag = {n: acc.diag[n].mul_(norm) if n in acc.diag else torch.zeros(tap.layout.shape(n), dtype=out.dtype,
+                                                                          device=out.device)
+            for n in tap.layout.names}
+    res = DiagCurvature(tap.layout, diag, fisher=fisher, scale=scale, num_data=N, loss=kind)
+    res.meta["seconds"] = time.perf_counter() - t0
+    res.meta["backend"] = "tap"
+    _SECONDS[0] += res.meta["seconds"]
+    return res
 
 
 def _compute(model, x, y, *, structure, fisher, scale, conv_convention, bias_augment, batch_size, mc_samples,

@@ -203,6 +203,28 @@ class _Capture:
                                     "use curvature backend 'func'")
 
 
+class ForwardTap(_Capture):
+    """A ``_Capture`` left on a model across its forward passes (a training loop's): each call of ``model`` starts
+    a fresh capture and keeps the model's output, so a curvature consumer can reuse the loop's own forward pass
+    (``consume_forward``) instead of running a second one. ``remove()`` takes the hooks off."""
+
+    def __init__(self, model: nn.Module, layers: Sequence[Layer], layout: ParamLayout):
+        super().__init__(layers)
+        self.layout = layout
+        self.output: Optional[Tensor] = None
+        self.__enter__()
+        self._handles += [model.register_forward_pre_hook(self._reset), model.register_forward_hook(self._keep)]
+
+    def _reset(self, mod, inp) -> None:
+        self.inputs, self.outputs, self.versions, self.order, self.output = {}, {}, {}, [], None
+
+    def _keep(self, mod, inp, out) -> None:
+        self.output = out
+
+    def remove(self) -> None:
+        self.__exit__()
+
+
 class Patches:
     """Each layer's input as patches for one chunk, built on first use (a consumer that needs only the
     [J, N·S] matrix never pays for the [N, J, S] copy), in buffers reused across chunks: on a CPU a large
@@ -273,32 +295,41 @@ def run_hooks(model: nn.Module, layers: Sequence[Layer], x: Tensor, y: Tensor, k
     order: List[str] = []
     patches = Patches(layers)
     for sl in chunks(x.shape[0], batch_size):
-        xb = x[sl]
         with torch.enable_grad(), _Capture(layers) as cap:
-            out = model(xb)
-        cap.check()
-        missing = [l.name for l in layers if l.name not in cap.outputs]
-        if missing:
-            raise FedbenchError(f"layer(s) {', '.join(missing)} hold trainable parameters but are not used "
-                                "in the forward pass")
+            out = model(x[sl])
         order = list(cap.order)
-        yb = lik.prepare_targets(kind, out, y[sl])
-        V = lik.output_vectors(kind, fisher, out, yb, mc_samples=mc_samples, generator=generator)
-        patches.new_chunk({l.name: cap.inputs[l.name] for l in layers})
-        consumer.start(patches, xb.shape[0])
-        outs = [cap.outputs[l.name] for l in layers]
-        K = V.shape[-1]
-        for k in range(K):
-            grads = torch.autograd.grad(out, outs, grad_outputs=V[..., k], retain_graph=k < K - 1,
-                                        allow_unused=True)
-            for l, g in zip(layers, grads):
-                if g is None:
-                    g = torch.zeros_like(cap.outputs[l.name])
-                consumer.grad(l, k, output_locations(l, g), patches)
-            consumer.column_done(k)
-        del out, outs, cap, grads
-        consumer.end()
+        consume_forward(out, cap, layers, y[sl], kind, fisher, consumer, patches, mc_samples=mc_samples,
+                        generator=generator)
+        del out, cap
     return order
+
+
+def consume_forward(out: Tensor, cap: "_Capture", layers: Sequence[Layer], y: Tensor, kind: str, fisher: str,
+                    consumer: HooksConsumer, patches: "Patches", *, mc_samples: int = 1,
+                    generator: Optional[torch.Generator] = None, keep_graph: bool = False) -> None:
+    """One chunk's backward half of the hooks engine: from a forward pass whose layer inputs and outputs ``cap``
+    holds (``out`` its model output), the output vectors V, one ``autograd.grad`` per column to the layer outputs,
+    and ``consumer`` fed. ``keep_graph``: leave the forward's graph usable afterwards."""
+    cap.check()
+    missing = [l.name for l in layers if l.name not in cap.outputs]
+    if missing:
+        raise FedbenchError(f"layer(s) {', '.join(missing)} hold trainable parameters but are not used "
+                            "in the forward pass")
+    yb = lik.prepare_targets(kind, out, y)
+    V = lik.output_vectors(kind, fisher, out, yb, mc_samples=mc_samples, generator=generator)
+    patches.new_chunk({l.name: cap.inputs[l.name] for l in layers})
+    consumer.start(patches, out.shape[0])
+    outs = [cap.outputs[l.name] for l in layers]
+    K = V.shape[-1]
+    for k in range(K):
+        grads = torch.autograd.grad(out, outs, grad_outputs=V[..., k], retain_graph=keep_graph or k < K - 1,
+                                    allow_unused=True)
+        for l, g in zip(layers, grads):
+            if g is None:
+                g = torch.zeros_like(cap.outputs[l.name])
+            consumer.grad(l, k, output_locations(l, g), patches)
+        consumer.column_done(k)
+    consumer.end()
 
 
 def _acc(d: Dict[str, Tensor], key: str, val: Tensor) -> None:

@@ -31,7 +31,7 @@ from torch import Tensor
 from fedbench.curvature.layout import ParamLayout
 from fedbench.curvature.structures import DiagCurvature
 from fedbench.errors import FedbenchError
-from fedbench.curvature.compute import compute_curvature
+from fedbench.curvature.compute import compute_curvature, diag_from_forward
 
 ONLINE_MODES = ("minibatch_sq", "per_sample_sq")
 NORMALIZE = ("none", "steps")
@@ -89,13 +89,15 @@ class OnlineDiagFisher:
 
     @torch.no_grad()
     def update(self, grads: Optional[Mapping[str, Tensor]] = None, *, batch_size: Optional[int] = None,
-               x: Optional[Tensor] = None, y: Optional[Tensor] = None) -> None:
+               x: Optional[Tensor] = None, y: Optional[Tensor] = None, tap=None) -> None:
         """One optimiser step.
 
         minibatch_sq: ``grads`` = gradient of the minibatch-mean task loss per parameter name
             (``None``: read ``p.grad`` of the model), ``batch_size`` = |b| (or taken from ``x``).
         per_sample_sq: ``x``, ``y`` = the minibatch; per-sample gradients of the task NLL at the
-            model's current weights (``grads`` is ignored).
+            model's current weights (``grads`` is ignored). Or ``tap`` (``compute.tap_forward`` on the training
+            loop's model) and ``y``: the same squares read off the loop's own forward pass on the minibatch
+            (``compute.diag_from_forward``, same bits, no second pass).
         """
         if self.mode == "minibatch_sq":
             if batch_size is None:
@@ -112,6 +114,10 @@ class OnlineDiagFisher:
             if self._sq is None:   # reused every step: a fresh 2 MB tensor per layer and step costs page faults
                 self._sq = {n: torch.empty_like(grads[n]) for n in self.weighted}
             self._add({n: torch.mul(grads[n], grads[n], out=self._sq[n]) for n in self.weighted}, batch_size)
+            return
+        if tap is not None and y is not None:
+            c = diag_from_forward(tap, y, fisher="empirical", scale="mean", loss=self.loss)
+            self._add(c.diag, int(y.shape[0]))
             return
         if x is None or y is None:
             raise FedbenchError("online Fisher mode 'per_sample_sq' needs the minibatch (x, y)")

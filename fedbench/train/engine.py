@@ -71,7 +71,9 @@ class LocalObjective:
     ctx = {**shared_ctx, **client_ctx[k]}; step_hooks: objects with either or both of
     ``after_backward(client_ids, grads, batch_sizes)``, called once per optimiser step with the (stacked)
     gradients of the data loss plus terms (e.g. FOLA's online Fisher accumulator; the serial engine also passes
-    ``params=``, ``x=``, ``y=`` to a hook whose ``wants_batch`` is true), and
+    ``params=``, ``x=``, ``y=`` to a hook whose ``wants_batch`` is true, and shows a hook with ``watch(module)`` its
+    worker before training: a hook that returns a tap (``remove()``-able) reads the engine's own forward passes, whose
+    graphs the backward then keeps for it), and
     ``after_step(client_ids) -> {name: [k, *shape]} | None``, a change added to the clients' weights after each
     optimiser step, outside the optimiser (no momentum, weight decay or clipping: SCAFFOLD's released correction).
     A hook that also has ``outputs(client_id) -> dict`` reports what it computed for a client: read at the end
@@ -222,6 +224,19 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
         worker = worker.to(memory_format=torch.channels_last)
     named = dict(worker.named_parameters())
     backward_hooks, step_hooks = _hooks_with(objective, "after_backward"), _hooks_with(objective, "after_step")
+    # a hook that reads the engine's own forward pass (FOLA's per-sample squares) taps the worker: the backward then
+    # keeps the pass's graph for it
+    taps = [t for t in (h.watch(worker) for h in backward_hooks if hasattr(h, "watch")) if t is not None]
+    try:
+        return _train_serial_loop(worker, named, backward_hooks, step_hooks, bool(taps), data, client_indices, starts,
+                                  local, objective, seed, round_idx, client_ids, channels_last, progress, snaps)
+    finally:
+        for t in taps:
+            t.remove()
+
+
+def _train_serial_loop(worker, named, backward_hooks, step_hooks, keep_graph, data, client_indices, starts, local,
+                       objective, seed, round_idx, client_ids, channels_last, progress, snaps) -> TrainResult:
     results, steps, losses, outputs = [], [], [], []
     # per snapshot epoch: the clients' weights, steps, last-epoch losses, seconds and hook outputs
     at = {e: ([], [], [], [], []) for e in snaps}
@@ -253,7 +268,7 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
                 for term in objective.terms:
                     loss = loss + term(named, ctx)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.backward(retain_graph=keep_graph)
                 if backward_hooks:
                     _after_backward_serial(backward_hooks, client_ids[i], named, x, data.targets(idx))
                 if local.clip_grad_norm is not None:
