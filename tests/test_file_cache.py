@@ -31,6 +31,7 @@ def test_cached_compositions_equal_hydras_own(monkeypatch):
     cached = [compose_config(r, with_hydra=True) for r in runs for _ in range(2)]   # the second one reads the cache
     assert file_cache._CACHE, "nothing was cached"
     _uncached(monkeypatch)
+    monkeypatch.setattr(composing, "_BASES", type(composing._BASES)())   # bases composed from the cache go too
     plain = [compose_config(r, with_hydra=True) for r in runs for _ in range(2)]
     for a, b in zip(cached, plain):
         assert OmegaConf.to_yaml(a, resolve=False) == OmegaConf.to_yaml(b, resolve=False)
@@ -63,14 +64,24 @@ VALUE_OVERRIDES = [
 ]
 
 
+@pytest.mark.parametrize("with_hydra", [False, True])
 @pytest.mark.parametrize("overrides", VALUE_OVERRIDES, ids=lambda o: " ".join(o)[:40])
-def test_a_shared_base_with_value_overrides_equals_hydras_composition(overrides):
-    ours = compose_config(overrides)
+def test_a_shared_base_with_value_overrides_equals_hydras_composition(overrides, with_hydra, monkeypatch):
+    """Also with the hydra node (sweep plans and preflight validate with it): its task overrides and override_dirname
+    name the run's value overrides, not its base's, whichever run composed the base first."""
+    monkeypatch.setattr(composing, "_BASES", type(composing._BASES)())
+    groups_only = [o for o in overrides if o.split("=")[0] in ("experiment", "profile", "dataset", "algorithm",
+                                                               "model")]
+    compose_config(groups_only + ["seed=7"], with_hydra=with_hydra)   # another run composes the shared base first
+    ours = compose_config(overrides, with_hydra=with_hydra)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        hydra = compose("config", overrides=allow_pretrained(overrides))
+        hydra = compose("config", overrides=allow_pretrained(overrides), return_hydra_config=with_hydra)
+    assert len(composing._BASES) == 1
     assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(hydra)
     assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(hydra)
     assert compute_run_id(ours) == compute_run_id(hydra)
+    if with_hydra:
+        assert list(ours.hydra.overrides.task) == allow_pretrained(overrides)
 
 
 def test_runs_that_differ_in_values_share_one_base_and_do_not_share_edits(monkeypatch):
@@ -104,3 +115,29 @@ def test_config_groups_are_what_hydras_repository_says():
         hydra = {k: repo.group_exists(k) for k in keys}
     ours = {k: is_config_group(k) for k in keys}
     assert ours == hydra and sum(ours.values()) == len(folders)
+
+
+def test_load_yaml_reads_an_edited_file_again_and_hands_out_copies(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("name: a\nmu: 0.1\n")
+    first = file_cache.load_yaml(path)
+    first.mu = 99.0                                   # a caller's edit stays its own
+    assert file_cache.load_yaml(path).mu == 0.1
+    path.write_text("name: a\nmu: 0.25\n")            # another size: read again
+    assert file_cache.load_yaml(path).mu == 0.25
+
+
+@pytest.mark.parametrize("overrides", [["experiment=fola/figure3", "profile=reduced", "num_clients=50"],
+                                       ["experiment=fedlpa/table6", "profile=paper"]], ids=["fola", "fedlpa"])
+def test_a_plans_aggregator_run_ids_equal_the_expanded_runs(overrides):
+    """sweep.plan asks aggregator_run_ids (one working copy, no hydra node) where it used to expand every
+    aggregator of the with-hydra composition: the same run ids, in order, for lists with FedProx's mu entries."""
+    from fedbench.config.aggregators import aggregator_run_ids, expand_aggregators
+    from fedbench.config.compose import without_hydra
+
+    for run in expand_sweep(overrides)[:3]:
+        cfg = compose_config(run, with_hydra=True)
+        want = [compute_run_id(s) for s in expand_aggregators(cfg, CONF_DIR)]
+        assert aggregator_run_ids(without_hydra(cfg), CONF_DIR) == want
+        assert len(set(want)) == len(cfg.aggregators) > 1
+        assert "hydra" not in without_hydra(cfg) and OmegaConf.is_struct(without_hydra(cfg))

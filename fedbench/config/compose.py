@@ -105,7 +105,7 @@ def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, *, with_
     check_group_overrides(overrides, conf_dir)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = None if with_hydra else _from_shared_base(overrides, conf_dir)
+            cfg = _from_shared_base(overrides, conf_dir, with_hydra)
             return cfg if cfg is not None else compose("config", overrides=overrides, return_hydra_config=with_hydra)
     except FedbenchError:
         raise
@@ -125,16 +125,19 @@ def is_config_group(key: str, conf_dir: Path = CONF_DIR) -> bool:
     return (Path(conf_dir) / key).is_dir()
 
 
-def _from_shared_base(overrides: Sequence[str], conf_dir: Path) -> Optional[DictConfig]:
+def _from_shared_base(overrides: Sequence[str], conf_dir: Path, with_hydra: bool = False) -> Optional[DictConfig]:
     """Hydra's composition, done in its two steps with the first shared: the group overrides (``dataset=mnist``,
     ``experiment=...``) alone pick the defaults list and compose a base config, then Hydra's own
     ``_apply_overrides_to_config`` applies the value overrides (``seed=1``, ``partition.spec=...``) in order to a
-    copy of it, as ``compose`` does after its defaults step. Tables and the scoreboard compose hundreds of runs that
-    differ only in values; the base is composed once per group choice. None (compose as usual) for sweeps, ``hydra.``
-    overrides, anything that does not parse and any override Hydra would reject, so errors keep their own line. A
-    base is keyed by every config file's path, mtime and size: an edited YAML composes again."""
+    copy of it, as ``compose`` does after its defaults step. Tables, the scoreboard and sweep plans compose hundreds
+    of runs that differ only in values; the base is composed once per group choice. ``with_hydra``: the base keeps
+    the ``hydra`` node, whose two fields that name the value overrides (``overrides.task``, ``job.override_dirname``)
+    are then written as ``compose`` writes them (tests/test_compose.py compares whole configs). None (compose as
+    usual) for sweeps, ``hydra.`` overrides, anything that does not parse and any override Hydra would reject, so
+    errors keep their own line. A base is keyed by every config file's path, mtime and size: an edited YAML
+    composes again (and, with the hydra node, by the working directory it records)."""
     from hydra import compose
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -148,10 +151,11 @@ def _from_shared_base(overrides: Sequence[str], conf_dir: Path) -> Optional[Dict
         # Hydra's own split (defaults_list.Overrides): a dict value, or a key that is no group, is a value override
         is_value = isinstance(o.value(), dict) or not is_config_group(o.key_or_group, conf_dir)
         (values if is_value else groups).append(o)
-    key = (str(conf_dir), _conf_stamp(conf_dir), tuple(o.input_line for o in groups))
+    key = (str(conf_dir), _conf_stamp(conf_dir), tuple(o.input_line for o in groups),
+           os.getcwd() if with_hydra else None)
     base = _BASES.get(key)
     if base is None:
-        base = compose("config", overrides=[o.input_line for o in groups])
+        base = compose("config", overrides=[o.input_line for o in groups], return_hydra_config=with_hydra)
         _BASES[key] = base
         if len(_BASES) > _MAX_BASES:
             _BASES.popitem(last=False)
@@ -162,7 +166,20 @@ def _from_shared_base(overrides: Sequence[str], conf_dir: Path) -> Optional[Dict
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     except Exception:
         return None
+    if with_hydra:   # as compose: every (non-hydra) override in the given order, and the directory name from them
+        job = cfg.hydra.job.config.override_dirname
+        cfg.hydra.overrides.task = [o.input_line for o in parsed]
+        cfg.hydra.job.override_dirname = get_overrides_dirname(overrides=parsed, kv_sep=job.kv_sep,
+                                                               item_sep=job.item_sep, exclude_keys=job.exclude_keys)
     return cfg
+
+
+def without_hydra(cfg: DictConfig) -> DictConfig:
+    """A copy of a composed config without its ``hydra`` node (which run ids leave out), as strict as the original:
+    copying and merging the hydra node, once per method of an aggregator list, was most of a sweep plan's time."""
+    out = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    OmegaConf.set_struct(out, OmegaConf.is_struct(cfg))
+    return out
 
 
 def _conf_stamp(conf_dir: Path) -> tuple:

@@ -8,8 +8,11 @@ import copy
 import dataclasses
 import os
 
+from omegaconf import DictConfig, OmegaConf
+
 _CACHE: dict = {}
 _INSTALLED = False
+_YAML: dict = {}
 
 
 def _stamp(source, config_path: str):
@@ -58,3 +61,14 @@ def cached_sources() -> list:
     """Hydra's file and package config-source classes, their loaders wrapped (Hydra's own is ``__wrapped__``)."""
     install()
     return _hydra_sources()
+
+
+def load_yaml(path) -> DictConfig:
+    """``OmegaConf.load(path)`` kept per path, modification time and size (an edited file is read again); a deep copy
+    each call, so a caller's edits stay its own. A sweep plan validates every run against its group YAMLs and
+    expands its aggregator lists from the algorithm YAMLs: parsing them again for every run was a fifth of a plan."""
+    st = os.stat(path)
+    key = (os.fspath(path), st.st_mtime_ns, st.st_size)
+    if key not in _YAML:
+        _YAML[key] = OmegaConf.load(path)
+    return copy.deepcopy(_YAML[key])

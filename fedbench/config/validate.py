@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedbench.config import CONF_DIR
+from fedbench.config import CONF_DIR, file_cache
 from fedbench.config.paths import absolute_path
 from fedbench.config.profiles import table_profile
 from fedbench.config.tuning import check_switch as check_tuning_switch
@@ -306,7 +306,7 @@ def _yaml_default(group: str, choice: Optional[str], name: Optional[str], conf_d
     for stem in (choice, name):
         path = conf_dir / group / f"{stem}.yaml" if stem else None
         if path is not None and path.is_file():
-            node = OmegaConf.load(path)
+            node = file_cache.load_yaml(path)
             node.pop("defaults", None)
             return OmegaConf.to_container(node, resolve=False)
     return None

@@ -16,13 +16,13 @@ import json
 from omegaconf import DictConfig, OmegaConf
 
 from fedbench.config import CONF_DIR
-from fedbench.config.compose import allow_pretrained, compose_config, parse_overrides
+from fedbench.config.compose import allow_pretrained, compose_config, parse_overrides, without_hydra
 from fedbench.config.profiles import quote_value, set_overrides, table_profile
 from fedbench.config.validate import validate_config
 from fedbench.errors import FedbenchError
 from fedbench.numerics import is_current
 from fedbench.results.records import compute_run_id, find_record_dir, read_record
-from fedbench.config.aggregators import expand_aggregators
+from fedbench.config.aggregators import aggregator_run_ids
 
 
 def _split(overrides: Sequence[str]) -> Tuple[List[str], Dict[str, List[str]]]:
@@ -117,15 +117,17 @@ def compose_run(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> DictConf
     return compose_config(overrides, conf_dir)
 
 
-def run_dir(cfg: DictConfig, launch_dir: str) -> Path:
+def run_dir(cfg: DictConfig, launch_dir: str, run_id: Optional[str] = None) -> Path:
     root = Path(cfg.paths.output_root)
     root = root if root.is_absolute() else Path(launch_dir) / root
-    return root / "runs" / compute_run_id(cfg)
+    return root / "runs" / (run_id or compute_run_id(cfg))
 
 
-def is_finished(cfg: DictConfig, launch_dir: str) -> bool:
-    """A complete, current record exists locally or in the committed store (results/records)."""
-    return find_record_dir(run_dir(cfg, launch_dir).parents[1], compute_run_id(cfg),
+def is_finished(cfg: DictConfig, launch_dir: str, run_id: Optional[str] = None) -> bool:
+    """A complete, current record exists locally or in the committed store (results/records); ``run_id``: of one
+    of ``cfg``'s aggregators (``aggregator_run_ids``), which share its output root."""
+    run_id = run_id or compute_run_id(cfg)
+    return find_record_dir(run_dir(cfg, launch_dir, run_id).parents[1], run_id,
                            need_model=bool(cfg.get("save_model"))) is not None
 
 
@@ -148,9 +150,8 @@ def plan(overrides: Sequence[str], launch_dir: str, force: bool = False, allow_m
         if check is not None:
             check(cfg, CONF_DIR)
         if cfg.get("aggregators"):
-
-            subs = expand_aggregators(cfg, CONF_DIR)
-            finished = all(is_finished(s, launch_dir) for s in subs)
+            ids = aggregator_run_ids(without_hydra(cfg), CONF_DIR)
+            finished = all(is_finished(cfg, launch_dir, rid) for rid in ids)
         else:
             finished = is_finished(cfg, launch_dir)
         # force=true among the overrides reruns too (run.py honours it; the plan used to skip such runs silently)
