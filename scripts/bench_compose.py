@@ -116,7 +116,8 @@ def bench_plan(args) -> None:
         raise SystemExit("the two plans differ")
     best = {k: min(v) for k, v in secs.items()}
     todo, done = plans["fedbench"]
-    print(f"sweep plan of {len(runs)} runs of {args.plan_preset} ({args.profile}; {len(todo)} to do, {len(done)} done), "
+    print(f"sweep plan of {len(runs)} runs of {args.plan_preset} ({args.profile}; {len(todo)} to do, "
+          f"{len(done)} done), "
           f"best of {args.rounds}, CPU s: plain {best['plain']:.1f} ({best['plain'] / len(runs) * 1e3:.0f} ms a run), "
           f"fedbench {best['fedbench']:.1f} ({best['fedbench'] / len(runs) * 1e3:.0f} ms a run), "
           f"ratio {best['plain'] / best['fedbench']:.2f}x (same plan)")
