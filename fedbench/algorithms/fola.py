@@ -212,7 +212,7 @@ class FolaOnlineHook:
     def watch(self, worker: torch.nn.Module):
         """The serial engine shows the hook its worker before training; for the paper's per-sample squares the hook
         then reads each step's per-sample gradients off the engine's own forward pass (a tap on the worker) instead
-        of a second forward pass at the same weights: the same bits, about 1.4x less time a step
+        of a second forward pass at the same weights: the same bits, about 1.2x faster a step
         (scripts/bench_fola_online.py --engine). Returns the tap (the engine keeps its graph through the backward
         and removes the tap after training), or None: another estimator, or a model ``tap_forward`` declines."""
         self.tap = tap_forward(worker) if self.grad == "per_sample_sq" and self.tap_forward else None
