@@ -245,6 +245,9 @@ step_fedlpa_table11_short() {     # Table 11's 10- and 20-epoch columns (FedLPA 
 # start it when a session starts) and its 8 baseline series (about 1.3 h each); the ids are the preset's own series'
 FIG2_FEDLPA='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32}]'
 FIG2_REFERENCE='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32,reference_solve:cg}]'
+# the FedLPA series with GD's step clamped below each layer's stability limit: seed 1's released fixed step diverges
+FIG2_STABLE='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32,gd_step:stable}]'
+FIG2_BOTH_STEPS='aggregators=[{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32},{name:fedlpa,posterior_term:detached_as_released,server_dtype:float32,gd_step:stable}]'
 # the two baseline series the figure's claims read first (FedLPA-then-FedAvg against FedAvg), then the other six
 FIG2_CLAIMED='aggregators=[fedavg,{name:fedlpa_then_fedavg,server_dtype:float32}]'
 # SCAFFOLD under the released correction (its own step: the paper's corrected gradient diverged, gaps.md#fedlpa-figure2)
@@ -265,6 +268,12 @@ step_fedlpa_figure2_reference() { # the seed-0 FedLPA series again with every ro
                                   # evaluated, not carried): are its dips the GD solve's? (gaps.md#fedlpa-figure2)
     run experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0
     table experiment=fedlpa/figure2 profile=paper "$FIG2_REFERENCE" seed=0 '+table.plots=[fedlpa_solver_rounds]' --name reference
+}
+step_fedlpa_figure2_stable() {    # the FedLPA series again, seeds 0-2, with gd_step: stable (per layer min(gd_lr, 1/L)):
+                                  # does seed 1 get past round 46, and do the dips (rounds whose GD solve stopped far
+                                  # from the solution) shrink? About 2 CPU h a seed (gaps.md#fedlpa-figure2)
+    run experiment=fedlpa/figure2 profile=paper "$FIG2_STABLE"
+    table experiment=fedlpa/figure2 profile=paper "$FIG2_BOTH_STEPS" '+table.label_keys={fedlpa:[gd_step]}' --name stable
 }
 step_fedlpa_figure2_scaffold() {  # Fig. 2's SCAFFOLD series, seeds 0-2, with NIID-Bench's correction after each SGD step;
                                   # beside it the paper's corrected gradient through momentum 0.9 (seed 0, session 49)
@@ -461,7 +470,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
-       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_table7_onestage
+       fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage
        fola_figures10_12 fola_figures3_4)
 
 usage() {
