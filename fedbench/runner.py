@@ -100,16 +100,31 @@ def _git(*args: str) -> Optional[str]:
 
 def _cpu() -> str:
     """The CPU model and the instruction set torch's kernels use: two machines can train one run id to different
-    floats (a GPU run is the same run as a CPU one), and this says which machine made a record."""
-    model = platform.processor()
+    floats (a GPU run is the same run as a CPU one), and this says which machine made a record. A virtual machine's
+    model name can be as vague as 'AMD EPYC' for several generations, so x86's family/model numbers go with it."""
+    return cpu_description(_read_cpuinfo(), platform.processor() or platform.machine(),
+                           torch.backends.cpu.get_cpu_capability())
+
+
+def _read_cpuinfo() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return f"{model or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})"
+        return ""
+
+
+def cpu_description(cpuinfo: str, fallback: str, capability: str) -> str:
+    """'AMD EPYC, family 25 model 17 (AVX512)' from the first processor's /proc/cpuinfo lines."""
+    fields: Dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break                                       # the first processor's block only
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    model = fields.get("model name") or fallback
+    if fields.get("cpu family") and fields.get("model"):
+        model += f", family {fields['cpu family']} model {fields['model']}"
+    return f"{model} ({capability})"
 
 
 def _git_sha() -> Optional[str]:

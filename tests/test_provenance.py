@@ -5,6 +5,7 @@ import shutil
 import torch
 
 from fedbench import numerics
+from fedbench.runner import cpu_description
 from fedbench.results.records import is_complete, publish_record, read_record, write_json_atomic
 from tests.conftest import ok_record
 from tests.test_run import SMALL, records, run
@@ -18,6 +19,17 @@ def test_record_says_which_code_and_numerics_made_it(tmp_path):
     assert "git_dirty" in rec["environment"] and rec["environment"]["git_dirty"] in (True, False, None)
     assert rec["environment"]["cpu"].endswith(f"({torch.backends.cpu.get_cpu_capability()})")   # which machine
 
+
+
+def test_cpu_description_tells_apart_machines_with_one_model_name():
+    """Two virtual machines both called 'AMD EPYC' (a Zen 2 and a Zen 4) trained one FedLPA run id to 89.43 and
+    91.42 at round 1: the record must say which generation made it."""
+    zen4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n\n" \
+           "processor\t: 1\ncpu family\t: 99\nmodel\t\t: 1\nmodel name\t: other\n"
+    zen2 = zen4.replace(": 25", ": 23").replace(": 17", ": 49")
+    assert cpu_description(zen4, "x86_64", "AVX512") == "AMD EPYC, family 25 model 17 (AVX512)"
+    assert cpu_description(zen2, "x86_64", "AVX2") == "AMD EPYC, family 23 model 49 (AVX2)"
+    assert cpu_description("", "aarch64", "DEFAULT") == "aarch64 (DEFAULT)"     # no /proc/cpuinfo
 
 def test_stale_numerics_are_rerun_not_skipped(tmp_path):
     run(SMALL + ["rounds=1"], tmp_path)
