@@ -20,7 +20,6 @@ def test_record_says_which_code_and_numerics_made_it(tmp_path):
     assert rec["environment"]["cpu"].endswith(f"({torch.backends.cpu.get_cpu_capability()})")   # which machine
 
 
-
 def test_cpu_description_tells_apart_machines_with_one_model_name():
     """Two virtual machines both called 'AMD EPYC' (a Zen 2 and a Zen 4) trained one FedLPA run id to 89.43 and
     91.42 at round 1: the record must say which generation made it."""
@@ -30,6 +29,7 @@ def test_cpu_description_tells_apart_machines_with_one_model_name():
     assert cpu_description(zen4, "x86_64", "AVX512") == "AMD EPYC, family 25 model 17 (AVX512)"
     assert cpu_description(zen2, "x86_64", "AVX2") == "AMD EPYC, family 23 model 49 (AVX2)"
     assert cpu_description("", "aarch64", "DEFAULT") == "aarch64 (DEFAULT)"     # no /proc/cpuinfo
+
 
 def test_stale_numerics_are_rerun_not_skipped(tmp_path):
     run(SMALL + ["rounds=1"], tmp_path)
