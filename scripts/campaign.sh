@@ -461,7 +461,7 @@ step_fola_figures3_4() {         # reduced grid (fola.md §6 R1): 450 (alpha, N,
     table experiment=fola/figure4 profile=reduced
 }
 step_fola_figure3_gridedge() {   # gaps.md#fola-figures3-4: FedAvg's best at alpha = 0.1 sits on the reduced grid's corner
-                                 # (lr 0.1, B 32), so its N = 5 and 100 ends beyond it: the paper's lr 1 and B 8
+                                 # (lr 0.1, B 32): FedAvg alone at N = 5 and 100 with the paper's lr 1 and B 8 too
     run --name gridedge experiment=fola/figure3 profile=reduced partition.alpha=0.1 seed=0 'local.lr=1.0,0.1' \
         'local.batch_size=8,32' 'num_clients=5,100' 'aggregators=[fedavg]'
     run --name gridedge experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=1,2' 'local.lr=choice(0.1)' \
