@@ -469,6 +469,14 @@ step_fola_figure3_gridedge() {   # gaps.md#fola-figures3-4: FedAvg's best at alp
     table --name gridedge experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=0,1,2' 'local.lr=1.0,0.1' \
         'local.batch_size=8,32' 'num_clients=5,100' 'aggregators=[fedavg]'
 }
+step_fola_figure3_coarse() {     # gaps.md#fola-figures3-4: FedAvg's best at alpha = 0.1 rises with N; is it the clients'
+                                 # number and size or their label mixes? N = 20 and 100 clients cut from the N = 5 split
+    run --name coarse5 experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=0,1,2' 'local.lr=choice(0.1)' \
+        'local.batch_size=choice(32)' 'num_clients=20,100' +partition.coarse_clients=5 'aggregators=[fedavg]'
+    table --name coarse5 experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=0,1,2' \
+        'local.lr=choice(0.1)' 'local.batch_size=choice(32)' 'num_clients=20,100' +partition.coarse_clients=5 \
+        'aggregators=[fedavg]'
+}
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
         run experiment=fola/figure5 profile=paper tuning=on num_clients=$n
@@ -480,7 +488,7 @@ STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage
-       fola_figures10_12 fola_figures3_4 fola_figure3_gridedge)
+       fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list | --park" >&2

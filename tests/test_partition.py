@@ -440,6 +440,35 @@ def test_fixed_seed_decouples_split_from_run_seed(labels):
     assert not all(np.array_equal(x, y) for x, y in zip(a, d))
 
 
+def test_coarse_clients_keep_the_class_mix_of_the_coarse_split(labels):
+    coarse = make_partition("dirichlet_per_class_contiguous", labels, 4, 0, alpha=0.1)
+    fine = make_partition("dirichlet_per_class_contiguous", labels, 20, 0, alpha=0.1, coarse_clients=4)
+    assert len(fine) == 20
+    for i, part in enumerate(coarse):
+        shards = fine[5 * i:5 * i + 5]
+        # the five shards are exactly client i of the 4-client split, near-equal in size
+        assert np.array_equal(np.sort(np.concatenate(shards)), np.sort(part))
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    # shards are a random cut, not contiguous slices: a shard's class mix follows its client's
+    big = int(np.argmax([len(p) for p in coarse]))
+    mix = client_label_counts(fine[5 * big:5 * big + 5], labels, C) / (len(coarse[big]) / 5)
+    whole = client_label_counts([coarse[big]], labels, C)[0] / len(coarse[big])
+    assert np.abs(mix - whole).max() < 0.25
+    assert not all(np.array_equal(a, b) for a, b in zip(
+        fine, make_partition("dirichlet_per_class_contiguous", labels, 20, 1, alpha=0.1, coarse_clients=4)))
+    plain = make_partition("dirichlet_per_class_contiguous", labels, 4, 0, alpha=0.1, coarse_clients=4)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, coarse))
+
+
+def test_coarse_clients_reject_a_client_smaller_than_its_shards():
+    y = np.repeat(np.arange(2), 10)
+    # seed 0 at alpha 0.001: the 3-client split is [1, 20, 1] samples, so 2 shards of a 1-sample client fail
+    assert [len(p) for p in make_partition("dirichlet_per_class_contiguous", y, 3, 0, alpha=0.001)] == [1, 20, 1]
+    with pytest.raises(FedbenchError) as e:
+        make_partition("dirichlet_per_class_contiguous", y, 6, 0, alpha=0.001, coarse_clients=3)
+    assert "holds 1 sample(s), fewer than its 2 shards; use more coarse_clients" in one_line(e)
+
+
 def test_client_label_counts():
     y = np.array([0, 1, 1, 2, 2, 2])
     counts = client_label_counts([np.array([0, 1]), np.array([], dtype=np.int64), np.array([2, 3, 4, 5])], y, 4)
@@ -475,6 +504,11 @@ def test_registered_names():
     ("homo", {"data_fraction": 0}, "data_fraction"),
     ("homo", {"data_fraction": 1.5}, "data_fraction"),
     ("homo", {"fixed_seed": -1}, "fixed_seed"),
+    ("homo", {"coarse_clients": 3}, "coarse_clients must be an integer >= 1 that divides num_clients=10"),
+    ("homo", {"coarse_clients": 0}, "coarse_clients must be"),
+    ("homo", {"coarse_clients": 20}, "coarse_clients must be"),
+    ("homo", {"coarse_clients": 5.0}, "coarse_clients must be"),
+    ("dirichlet_per_class_contiguous", {"alpha": 1e-4}, "alpha=0.0001 is too small for numpy's Dirichlet"),
     ("noniid-labeldir", {"min_require_size": 300}, "exceeds the 2000 samples"),
 ])
 def test_bad_input(labels, name, kwargs, needle):

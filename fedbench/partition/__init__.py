@@ -41,6 +41,8 @@ __all__ = ["PARTITIONS", "make_partition", "client_label_counts", "partition_par
 
 #: Extra entropy that separates the data_fraction subset stream from the partition stream of the same seed.
 _SUBSET_STREAM = 0x5B5E7
+#: ... and the coarse_clients shuffle stream from both.
+_COARSE_STREAM = 0x5B5E8
 _LABEL_K = re.compile(r"^noniid-#label(\d+)$")
 _INTERNAL = ("num_classes", "groups")
 
@@ -52,7 +54,7 @@ def _check_seed(key: str, value) -> int:
 
 
 def partition_params(name: str) -> List[str]:
-    """The keyword parameters a partition family accepts (besides data_fraction and fixed_seed)."""
+    """The keyword parameters a partition family accepts (besides data_fraction, fixed_seed and coarse_clients)."""
     fn = PARTITIONS.get(_LABEL_K.sub("noniid-#label", name))
     return [p.name for p in inspect.signature(fn).parameters.values()
             if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _INTERNAL]
@@ -60,6 +62,7 @@ def partition_params(name: str) -> List[str]:
 
 def make_partition(name: str, labels, num_clients: int, seed: int, *, groups: Optional[np.ndarray] = None,
                    data_fraction: float = 1.0, fixed_seed: Optional[int] = None,
+                   coarse_clients: Optional[int] = None,
                    num_classes: Optional[int] = None, **params) -> List[np.ndarray]:
     """Split the samples behind ``labels`` into ``num_clients`` disjoint int64 index arrays.
 
@@ -69,6 +72,9 @@ def make_partition(name: str, labels, num_clients: int, seed: int, *, groups: Op
       indices returned refer to the full ``labels``.
     * ``fixed_seed``: if not None the partition draws use it instead of ``seed`` (FedFisher/FedBEns fix
       ``np.random.seed(3)`` for the split whatever the run seed; fedfisher.md §3.2).
+    * ``coarse_clients`` = M (a what-if, no paper's split; None = off): the family splits the data among
+      M clients, then each of them is cut at random into ``num_clients / M`` near-equal IID shards: the
+      number and size of ``num_clients`` clients with the label mixes of M (gaps.md#fola-figures3-4).
     * ``groups``: per-sample group ids, used by ``natural`` only.
     * ``params``: the family's parameters (beta, alpha, k, ...).
 
@@ -86,7 +92,7 @@ def make_partition(name: str, labels, num_clients: int, seed: int, *, groups: Op
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise FedbenchError(f"partition '{name}' has no parameter {', '.join(map(repr, unknown))} "
-                            f"(it takes: {', '.join(allowed + ['data_fraction', 'fixed_seed']) })")
+                            f"(it takes: {', '.join(allowed + ['data_fraction', 'fixed_seed', 'coarse_clients'])})")
 
     labels = np.asarray(labels)
     if labels.ndim != 1:
@@ -99,6 +105,13 @@ def make_partition(name: str, labels, num_clients: int, seed: int, *, groups: Op
     if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients < 1:
         raise FedbenchError(f"num_clients must be an integer >= 1, got {num_clients!r}")
     num_clients = int(num_clients)
+    if coarse_clients is None:
+        coarse_clients = num_clients
+    if isinstance(coarse_clients, bool) or not isinstance(coarse_clients, numbers.Integral) or coarse_clients < 1 \
+            or num_clients % coarse_clients:
+        raise FedbenchError(f"partition coarse_clients must be an integer >= 1 that divides num_clients={num_clients}, "
+                            f"got {coarse_clients!r}")
+    coarse_clients = int(coarse_clients)
     n = len(labels)
     n_used = n if data_fraction == 1 else max(1, int(round(float(data_fraction) * n)))
     if num_clients > n_used:
@@ -118,11 +131,25 @@ def make_partition(name: str, labels, num_clients: int, seed: int, *, groups: Op
         labels = labels[subset]
         groups = None if groups is None else groups[subset]
     extra = {"groups": groups} if "groups" in sig else {}
-    parts = fn(labels, num_clients, part_seed, num_classes=num_classes, **extra, **params)
+    parts = fn(labels, coarse_clients, part_seed, num_classes=num_classes, **extra, **params)
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
+    if coarse_clients < num_clients:
+        parts = _cut_into_shards(parts, num_clients // coarse_clients, part_seed)
     if subset is not None:
         parts = [subset[p] for p in parts]
     return parts
+
+
+def _cut_into_shards(parts: Sequence[np.ndarray], k: int, seed: int) -> List[np.ndarray]:
+    """Each part shuffled and cut into k near-equal shards, in order: part 0's shards first."""
+    rng = np.random.default_rng([_COARSE_STREAM, seed])
+    out = []
+    for p in parts:
+        if len(p) < k:
+            raise FedbenchError(f"partition coarse_clients: a client of the coarse split holds {len(p)} "
+                                f"sample(s), fewer than its {k} shards; use more coarse_clients")
+        out.extend(np.sort(shard) for shard in np.array_split(rng.permutation(p), k))
+    return out
 
 
 def client_label_counts(parts: Sequence[np.ndarray], labels, num_classes: int) -> np.ndarray:

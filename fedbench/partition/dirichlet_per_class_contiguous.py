@@ -35,6 +35,10 @@ def dirichlet_per_class_contiguous(labels: np.ndarray, num_clients: int, rng_see
     y, C = class_labels(name, labels, num_classes)
     by_class = [np.flatnonzero(y == c) for c in range(C)]
     sample = legacy_rng(rng_seed).dirichlet([float(alpha)] * num_clients, C).T    # (K, C)
+    if not np.isfinite(sample).all():
+        # numpy's legacy Dirichlet returns NaN when every gamma draw of a class underflows to 0 (alpha ~1e-3)
+        raise FedbenchError(f"partition '{name}': alpha={alpha} is too small for numpy's Dirichlet draw (it returned "
+                            f"NaN shares for seed {rng_seed}); use alpha >= 0.01")
     start = [0] * C
     parts = []
     for i in range(num_clients):
