@@ -72,6 +72,9 @@ def test_papers_register_their_labels():
     assert method_label({"name": "fedprox", "mu": 0.01}) == "fedprox(mu=0.01)"
     assert partition_label({"name": "dirichlet_clientwise", "alpha": 0.1}) == "alpha=0.1"
     assert partition_label({"name": "dirichlet_per_class_contiguous", "alpha": 100}) == "alpha=100"
+    assert partition_label({"name": "dirichlet_per_class_contiguous", "alpha": 0.1, "coarse_clients": 5}) == \
+        "alpha=0.1/coarse=5"
+    assert partition_label({"name": "homo", "coarse_clients": None}) == "homog"
     assert [partition_label({"name": n}) for n in ("size_class_dirichlet", "uci_inhomogeneous", "natural")] == \
         ["heterog"] * 3
     assert partition_label({"name": "noniid-labeldir", "beta": 0.5}) == "beta=0.5"

@@ -172,7 +172,7 @@ def test_monotone_claims_forgive_only_steps_within_noise():
     # a rise of 0.05 with 2 combined SE = 2 * sqrt(2 * 0.1² / 10) ≈ 0.089 is noise; a rise of 0.5 is not
     assert status([4.0, 3.0, 3.05, 1.0], [0.1] * 4)[0] == "reproduced"
     assert status([4.0, 3.0, 3.5, 1.0], [0.1] * 4) == \
-        ("not reproduced", "0/1 rows; 4 values of width, n = 10–10, 2 of 3 steps decreasing (fails: d)")
+        ("not reproduced", "0/1 rows (fails: d); 4 values of width, n = 10–10, 2 of 3 steps decreasing")
     # the means must end lower than they start, whatever the noise
     assert status([1.0, 1.01, 1.0, 1.02], [5.0] * 4)[0] == "not reproduced"
     assert status([1.0, 2.0, 3.0, 4.0], [0.1] * 4, direction="increasing")[0] == "reproduced"

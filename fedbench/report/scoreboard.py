@@ -441,7 +441,9 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
             failed.append("/".join(norm_key(v) for v in (rv if isinstance(rv, tuple) else (rv,))) or "all")
     if not points:
         return "not run", f"no group with 2 or more values of {along} that ran {claim['method']} with 2 or more seeds"
-    detail = f"{held}/{held + len(failed)} rows; " + "; ".join(points)
+    # the failing rows right after the count, as the other claim kinds put them, not after the notes below
+    fails = f" (fails: {', '.join(failed)})" if failed else ""
+    detail = f"{held}/{held + len(failed)} rows{fails}; " + "; ".join(points)
     if short:
         detail += f"; {short} row(s) with one value of {along} left out"
     if single:
@@ -449,9 +451,7 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
     want = claim.get("paper_seeds") or paper_seeds(c["meta"])   # a figure's seeds live in its sweep: the claim says
     if want and int(s["n"].min()) < want:
         detail += f"; provisional: fewer than the paper's {want} seeds"
-    if failed:
-        return "not reproduced", f"{detail} (fails: {', '.join(failed)})"
-    return "reproduced", detail
+    return ("not reproduced" if failed else "reproduced"), detail
 
 
 def _gap_anchors(results: Path) -> set:

@@ -46,7 +46,13 @@ from fedbench.report.registry import METHOD_LABELS, PARTITION_LABELS, ROW_KEYS, 
 
 def partition_label(p: Dict[str, Any]) -> str:
     """The label the papers' tables use for a partition config: NIID-Bench's families here, the others as the
-    papers register them (fedbench.report.registry.register_partition_label)."""
+    papers register them (fedbench.report.registry.register_partition_label); a what-if split of IID shards of
+    a coarser split's clients says so (``/coarse=M``), since no paper prints such a row."""
+    label = _family_label(p)
+    return label if p.get("coarse_clients") is None else f"{label}/coarse={p['coarse_clients']}"
+
+
+def _family_label(p: Dict[str, Any]) -> str:
     name = p.get("name")
     if name == "niid-bench":
         return str(p.get("spec"))
