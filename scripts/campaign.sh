@@ -476,6 +476,13 @@ step_fola_figure3_coarse() {     # gaps.md#fola-figures3-4: FedAvg's best at alp
     table --name coarse5 experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=0,1,2' \
         'local.lr=choice(0.1)' 'local.batch_size=choice(32)' 'num_clients=20,100' +partition.coarse_clients=5 \
         'aggregators=[fedavg]'
+    # dose-response: N = 100 clients with the label mixes of 5, 20 and 50 (100 = the released split's own runs)
+    run --name coarsemix experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=0,1,2' \
+        'local.lr=choice(0.1)' 'local.batch_size=choice(32)' 'num_clients=choice(100)' '+partition.coarse_clients=5,20,50' \
+        'aggregators=[fedavg]'
+    table --name coarsemix experiment=fola/figure3 profile=reduced partition.alpha=0.1 'seed=0,1,2' \
+        'local.lr=choice(0.1)' 'local.batch_size=choice(32)' 'num_clients=choice(100)' '+partition.coarse_clients=5,20,50' \
+        'aggregators=[fedavg]'
 }
 step_fola_figure5() {            # lambda chosen on validation per N (tuning=on); N = 10 first
     for n in 10 5 20 50 100; do
