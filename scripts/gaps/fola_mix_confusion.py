@@ -11,6 +11,8 @@ round-1 clients), on the released split (M = 100) and with the label mixes of M 
 - the holders of class c: the clients with at least 5 % of their samples in c; their total weight (share of the
   data) per class: its spread over the classes (sd) and smallest value, and the Spearman correlation over the 10
   classes between a class's holder weight and its test accuracy, in the global model and in the ensemble;
+- balanced weights: the client weights (on the simplex) that make the classes' holder weights as equal as they can
+  be, used for the average (GA) and for the ensemble: the same test from the weights' side;
 - a rejected first guess, pair coverage: class pairs (a, b) that some clients see together (the rarer class's share
   of samples held beside the other class, summed over clients, at least 5 %); errors per 1,000 test samples of a
   pair, covered against uncovered pairs (the guess predicts more errors on uncovered pairs).
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.optimize import minimize
 from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +77,16 @@ def pair_errors(pred: np.ndarray, y: np.ndarray, covered: np.ndarray):
     return rate[covered].mean(), (rate[~covered].mean() if (~covered).any() else float("nan"))
 
 
+def balanced_weights(holds: np.ndarray, w0: np.ndarray) -> np.ndarray:
+    """Client weights on the simplex that make the holder weights of the classes as equal as they can be (least
+    variance; a small pull towards the size weights ``w0`` picks one of the equally balanced solutions)."""
+    res = minimize(lambda w: np.var(w @ holds) + 1e-3 * np.sum((w - w0) ** 2), w0, method="SLSQP",
+                   bounds=[(0, 1)] * len(w0), constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}],
+                   options={"maxiter": 500})
+    w = np.clip(res.x, 0, None)
+    return w / w.sum()
+
+
 def run_folder(cfg, out: Path):
     listing = out / "runs" / compute_run_id(cfg) / "aggregators.json"
     if not listing.is_file():
@@ -97,14 +110,23 @@ def analyse(overrides, out: Path):
     def predict(params):
         return predict_proba(fl.model, params, fl.test_inputs, n_test)
 
+    def average(w):
+        return {k: sum(a * p[k] for a, p in zip(w, clients)) for k in clients[0]}
+
+    probs = [predict(p).cpu().numpy() for p in clients]
     glob = predict(torch.load(folder / "model.pt", weights_only=False)["params"]).argmax(1).cpu().numpy()
-    uniform = {k: sum(p[k] for p in clients) / len(clients) for k in clients[0]}
-    committee = sum(w * predict(p) for w, p in zip(weight, clients)).cpu().numpy()
+    committee = sum(w * p for w, p in zip(weight, probs))
     ensemble = committee.argmax(1)
-    holder_weight = (weight[:, None] * (counts / counts.sum(1, keepdims=True) >= HOLDS)).sum(0)
+    holds = (counts / counts.sum(1, keepdims=True) >= HOLDS).astype(float)
+    holder_weight = weight @ holds
     rebalanced = (committee / holder_weight).argmax(1)   # each class's vote divided by its holders' weight
+    bal = balanced_weights(holds, weight)
     covered = co_mass(counts)[np.triu_indices(10, 1)] >= COVERED
-    return {"ga": 100 * (glob == y).mean(), "uniform": 100 * (predict(uniform).argmax(1).cpu().numpy() == y).mean(),
+    return {"ga": 100 * (glob == y).mean(),
+            "uniform": 100 * (predict(average([1 / len(clients)] * len(clients))).argmax(1).cpu().numpy() == y).mean(),
+            "bal_ga": 100 * (predict(average(bal)).argmax(1).cpu().numpy() == y).mean(),
+            "bal_ens": 100 * (sum(w * p for w, p in zip(bal, probs)).argmax(1) == y).mean(),
+            "bal_sd": (bal @ holds).std(),
             "ensemble": 100 * (ensemble == y).mean(), "rebalanced": 100 * (rebalanced == y).mean(),
             "hw_sd": holder_weight.std(), "hw_min": holder_weight.min(),
             "rho_ga": spearmanr(holder_weight, per_class_accuracy(glob, y))[0],
@@ -119,7 +141,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(os.environ.get("FEDBENCH_OUTPUTS", ROOT / "outputs"))
     print("  M  seed   GA   uniform ensemble rebalanced | holder weight sd   min | Spearman(holder weight, class acc) "
-          "GA  ensemble | covered pairs  err/1000 covered  uncovered")
+          "GA  ensemble | balanced weights: sd  GA  ensemble | covered pairs  err/1000 covered  uncovered")
     for m in args.mixes:
         for seed in args.seeds:
             extra = [f"+partition.coarse_clients={m}"] if m != 100 else []
@@ -131,6 +153,7 @@ def main() -> None:
                   f"    {r['rebalanced']:5.2f}   |"
                   f"        {r['hw_sd']:.3f}      {r['hw_min']:.3f} |"
                   f"                              {r['rho_ga']:5.2f}  {r['rho_ens']:5.2f}  |"
+                  f"                 {r['bal_sd']:.3f}  {r['bal_ga']:5.2f}  {r['bal_ens']:5.2f}  |"
                   f"    {r['covered']:2d} of 45       {r['pairs'][0]:5.1f}          {r['pairs'][1]:5.1f}")
 
 
