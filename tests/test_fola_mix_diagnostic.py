@@ -51,3 +51,15 @@ def test_pair_errors_count_both_directions_per_thousand(diag):
     err_covered, err_uncovered = diag.pair_errors(pred, y, covered)
     assert err_covered == pytest.approx(15 / 200 * 1000)
     assert err_uncovered == pytest.approx(20 / 200 * 1000 / 44)
+
+
+def test_wrong_vote_concentration_is_one_when_the_non_holders_agree(diag):
+    y = np.array([0, 1])
+    holds = np.array([[1, 0], [0, 1], [0, 1]], float)     # client 0 holds class 0, clients 1-2 hold class 1
+    weight = np.array([0.5, 0.25, 0.25])
+    agree = [np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([[0.0, 1.0], [0.0, 1.0]]), np.array([[0.0, 1.0], [0.0, 1.0]])]
+    # sample 0 (class 0): clients 1-2 vote class 1 together -> 1.0; sample 1 (class 1): client 0 votes class 0 -> 1.0
+    assert diag.wrong_vote_concentration(agree, weight, holds, y) == pytest.approx(1.0)
+    split = [agree[0], np.array([[0.5, 0.5], [0.0, 1.0]]), agree[2]]
+    # sample 0: client 1 puts half its vote on the true class, so the wrong class gets 0.25 * 0.5 + 0.25 of 0.5
+    assert diag.wrong_vote_concentration(split, weight, holds, y) == pytest.approx((0.75 + 1.0) / 2)

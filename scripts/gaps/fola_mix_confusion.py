@@ -13,6 +13,8 @@ round-1 clients), on the released split (M = 100) and with the label mixes of M 
   classes between a class's holder weight and its test accuracy, in the global model and in the ensemble;
 - balanced weights: the client weights (on the simplex) that make the classes' holder weights as equal as they can
   be, used for the average (GA) and for the ensemble: the same test from the weights' side;
+- wrong-vote concentration, with size and with balanced weights: per test sample, the share of the non-holders'
+  weight that falls on their single most voted wrong class, averaged (high when clients with the same mix repeat);
 - a rejected first guess, pair coverage: class pairs (a, b) that some clients see together (the rarer class's share
   of samples held beside the other class, summed over clients, at least 5 %); errors per 1,000 test samples of a
   pair, covered against uncovered pairs (the guess predicts more errors on uncovered pairs).
@@ -87,6 +89,16 @@ def balanced_weights(holds: np.ndarray, w0: np.ndarray) -> np.ndarray:
     return w / w.sum()
 
 
+def wrong_vote_concentration(probs, weight: np.ndarray, holds: np.ndarray, y: np.ndarray) -> float:
+    """Mean over test samples of the share of the non-holders' weight (clients that do not hold the sample's class)
+    that lands on their single most voted wrong class: near 1 when they all vote the same wrong class."""
+    stacked = np.stack(probs)                                          # [clients, samples, classes]
+    non_holders = weight[:, None] * (holds[:, y] == 0)                 # [clients, samples]
+    wrong = np.einsum("kn,knc->nc", non_holders, stacked)
+    wrong[np.arange(len(y)), y] = 0
+    return float((wrong.max(1) / np.maximum(non_holders.sum(0), 1e-12)).mean())
+
+
 def run_folder(cfg, out: Path):
     listing = out / "runs" / compute_run_id(cfg) / "aggregators.json"
     if not listing.is_file():
@@ -127,6 +139,8 @@ def analyse(overrides, out: Path):
             "bal_ga": 100 * (predict(average(bal)).argmax(1).cpu().numpy() == y).mean(),
             "bal_ens": 100 * (sum(w * p for w, p in zip(bal, probs)).argmax(1) == y).mean(),
             "bal_sd": (bal @ holds).std(),
+            "conc": wrong_vote_concentration(probs, weight, holds, y),
+            "bal_conc": wrong_vote_concentration(probs, bal, holds, y),
             "ensemble": 100 * (ensemble == y).mean(), "rebalanced": 100 * (rebalanced == y).mean(),
             "hw_sd": holder_weight.std(), "hw_min": holder_weight.min(),
             "rho_ga": spearmanr(holder_weight, per_class_accuracy(glob, y))[0],
@@ -141,7 +155,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(os.environ.get("FEDBENCH_OUTPUTS", ROOT / "outputs"))
     print("  M  seed   GA   uniform ensemble rebalanced | holder weight sd   min | Spearman(holder weight, class acc) "
-          "GA  ensemble | balanced weights: sd  GA  ensemble | covered pairs  err/1000 covered  uncovered")
+          "GA  ensemble | balanced weights: sd  GA  ensemble | wrong-vote concentration size / balanced | "
+          "covered pairs  err/1000 covered  uncovered")
     for m in args.mixes:
         for seed in args.seeds:
             extra = [f"+partition.coarse_clients={m}"] if m != 100 else []
@@ -154,6 +169,7 @@ def main() -> None:
                   f"        {r['hw_sd']:.3f}      {r['hw_min']:.3f} |"
                   f"                              {r['rho_ga']:5.2f}  {r['rho_ens']:5.2f}  |"
                   f"                 {r['bal_sd']:.3f}  {r['bal_ga']:5.2f}  {r['bal_ens']:5.2f}  |"
+                  f"                       {r['conc']:.3f}   {r['bal_conc']:.3f}  |"
                   f"    {r['covered']:2d} of 45       {r['pairs'][0]:5.1f}          {r['pairs'][1]:5.1f}")
 
 
