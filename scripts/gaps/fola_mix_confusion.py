@@ -8,6 +8,7 @@ round-1 clients), on the released split (M = 100) and with the label mixes of M 
   without averaging weights;
 - rebalanced: the ensemble's vote for each class divided by the total weight of that class's holders (below), a
   test of whether unequal holder weights alone cost the committee its accuracy;
+- per class (a second line): its holders' weight and its accuracy in the ensemble;
 - the holders of class c: the clients with at least 5 % of their samples in c; their total weight (share of the
   data) per class: its spread over the classes (sd) and smallest value, and the Spearman correlation over the 10
   classes between a class's holder weight and its test accuracy, in the global model and in the ensemble;
@@ -145,6 +146,7 @@ def analyse(overrides, out: Path):
             "hw_sd": holder_weight.std(), "hw_min": holder_weight.min(),
             "rho_ga": spearmanr(holder_weight, per_class_accuracy(glob, y))[0],
             "rho_ens": spearmanr(holder_weight, per_class_accuracy(ensemble, y))[0],
+            "class_hw": holder_weight, "class_ens": per_class_accuracy(ensemble, y),
             "covered": int(covered.sum()), "pairs": pair_errors(glob, y, covered)}
 
 
@@ -171,6 +173,8 @@ def main() -> None:
                   f"                 {r['bal_sd']:.3f}  {r['bal_ga']:5.2f}  {r['bal_ens']:5.2f}  |"
                   f"                       {r['conc']:.3f}   {r['bal_conc']:.3f}  |"
                   f"    {r['covered']:2d} of 45       {r['pairs'][0]:5.1f}          {r['pairs'][1]:5.1f}")
+            print(f"           per class 0-9: holder weight {np.round(r['class_hw'], 2).tolist()}, "
+                  f"ensemble accuracy {np.round(r['class_ens'], 2).tolist()}")
 
 
 if __name__ == "__main__":
