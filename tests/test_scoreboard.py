@@ -195,6 +195,26 @@ def test_monotone_claims_forgive_only_steps_within_noise():
         ("not run", "no group with 2 or more values of width that ran m with 2 or more seeds")
 
 
+
+def test_monotone_claims_leave_out_values_still_running_their_seeds():
+    # FedFisher Fig. 1a: widths 16-1024 at 50 seeds, the two widest at 10 while the campaign runs them; a mean
+    # over 10 other draws (here far above, beyond noise) must not be read as a rise, nor hide a real one
+    claim = {"collection": "t", "method": "m", "along": "width", "direction": "decreasing"}
+    meta = {"rows": ["dataset", "width"]}
+    s = _along([4.0, 3.0, 2.0, 5.0], [0.1] * 4, n=50)
+    s.loc[3, "n"] = 10
+    assert _claim_status(claim, {"t": {"summary": s, "meta": meta}}) == \
+        ("reproduced", "1/1 rows; 3 values of width, n = 50–50, 2 of 2 steps decreasing; width 1024 (n = 10 of 50) "
+                       "left out until it has its row's seeds")
+    # once it has them, it counts, and here it breaks the fall
+    s.loc[3, "n"] = 50
+    assert _claim_status(claim, {"t": {"summary": s, "meta": meta}})[0] == "not reproduced"
+    # a real rise among the values with every seed is still caught while another value runs
+    s = _along([4.0, 5.0, 2.0, 1.0], [0.1] * 4, n=50)
+    s.loc[2, "n"] = 10
+    assert _claim_status(claim, {"t": {"summary": s, "meta": meta}})[0] == "not reproduced"
+
+
 def test_falls_then_rises_claims_need_an_interior_minimum_beyond_noise():
     claim = {"collection": "t", "method": "m", "along": "width", "direction": "falls_then_rises"}
     meta = {"rows": ["dataset", "width"]}

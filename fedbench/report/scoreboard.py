@@ -412,7 +412,9 @@ def _shape_holds(pts: List[tuple], direction: str) -> bool:
 def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, keys: List[str]) -> tuple:
     """A ``{method, along, direction}`` claim: in every group of the other row keys, over the values of ``along``
     that ran (numeric order), the method's means must have the claimed shape (``_shape_holds``: monotone, or falling
-    then rising), where a step within 2 combined standard errors (sqrt(s_a²/n_a + s_b²/n_b)) does not break it."""
+    then rising), where a step within 2 combined standard errors (sqrt(s_a²/n_a + s_b²/n_b)) does not break it.
+    Only the values with the group's most seeds are compared; one still running its seeds is left out and named
+    (sweeps run seeds in order, so the same n is the same seeds)."""
     direction, along = claim.get("direction", "decreasing"), claim["along"]
     if direction not in DIRECTIONS:
         raise FedbenchError(f"claim {claim.get('text')!r}: direction must be one of {', '.join(DIRECTIONS)}, "
@@ -423,8 +425,14 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
         return "not run", f"no {claim['method']} cells along {along} with 2 or more seeds"
     keys = [k for k in keys if k != along]
     groups = s.groupby(keys, sort=False, dropna=False) if keys else [((), s)]
-    held, failed, points, short = 0, [], [], 0
+    held, failed, points, short, running = 0, [], [], 0, []
     for rv, g in groups:
+        # a value still short of its row's seeds would put a mean over other draws beside the rest (the synthetic
+        # draws of FedFisher's Fig. 1a differ 100x between seeds): left out, and named, until it has them
+        fewer = g["n"] < g["n"].max()
+        most = int(g["n"].max())
+        running += [f"{_as_number(x):g} (n = {int(n)} of {most})" for x, n in zip(g.loc[fewer, along], g.loc[fewer, "n"])]
+        g = g[~fewer]
         if g[along].nunique() < 2:   # a single value has no shape: the group is not run yet, not a failure
             short += 1
             continue
@@ -448,6 +456,8 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
         detail += f"; {short} row(s) with one value of {along} left out"
     if single:
         detail += f"; {single} value(s) with one seed left out"
+    if running:
+        detail += f"; {along} {', '.join(running)} left out until it has its row's seeds"
     want = claim.get("paper_seeds") or paper_seeds(c["meta"])   # a figure's seeds live in its sweep: the claim says
     if want and int(s["n"].min()) < want:
         detail += f"; provisional: fewer than the paper's {want} seeds"
