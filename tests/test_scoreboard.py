@@ -206,6 +206,9 @@ def test_monotone_claims_leave_out_values_still_running_their_seeds():
     assert _claim_status(claim, {"t": {"summary": s, "meta": meta}}) == \
         ("reproduced", "1/1 rows; 3 values of width, n = 50–50, 2 of 2 steps decreasing; width 1024 (n = 10 of 50) "
                        "left out until it has its row's seeds")
+    # the seeds the paper ran are judged on the values compared, not on the one left out
+    detail = _claim_status({**claim, "paper_seeds": 50}, {"t": {"summary": s, "meta": meta}})[1]
+    assert detail.endswith("left out until it has its row's seeds")
     # once it has them, it counts, and here it breaks the fall
     s.loc[3, "n"] = 50
     assert _claim_status(claim, {"t": {"summary": s, "meta": meta}})[0] == "not reproduced"
