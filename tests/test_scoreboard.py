@@ -195,7 +195,6 @@ def test_monotone_claims_forgive_only_steps_within_noise():
         ("not run", "no group with 2 or more values of width that ran m with 2 or more seeds")
 
 
-
 def test_monotone_claims_leave_out_values_still_running_their_seeds():
     # FedFisher Fig. 1a: widths 16-1024 at 50 seeds, the two widest at 10 while the campaign runs them; a mean
     # over 10 other draws (here far above, beyond noise) must not be read as a rise, nor hide a real one

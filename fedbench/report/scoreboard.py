@@ -429,9 +429,9 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
     for rv, g in groups:
         # a value still short of its row's seeds would put a mean over other draws beside the rest (the synthetic
         # draws of FedFisher's Fig. 1a differ 100x between seeds): left out, and named, until it has them
-        fewer = g["n"] < g["n"].max()
         most = int(g["n"].max())
-        running += [f"{_as_number(x):g} (n = {int(n)} of {most})" for x, n in zip(g.loc[fewer, along], g.loc[fewer, "n"])]
+        fewer = g["n"] < most
+        running += [f"{_as_number(x):g} (n = {int(n)} of {most})" for x, n in g.loc[fewer, [along, "n"]].values]
         g = g[~fewer]
         if g[along].nunique() < 2:   # a single value has no shape: the group is not run yet, not a failure
             short += 1
