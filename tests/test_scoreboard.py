@@ -215,6 +215,11 @@ def test_monotone_claims_leave_out_values_still_running_their_seeds():
     s = _along([4.0, 5.0, 2.0, 1.0], [0.1] * 4, n=50)
     s.loc[2, "n"] = 10
     assert _claim_status(claim, {"t": {"summary": s, "meta": meta}})[0] == "not reproduced"
+    # two values still running are named together, in the plural
+    s = _along([4.0, 3.0, 2.0, 1.0], [0.1] * 4, n=50)
+    s.loc[[2, 3], "n"] = [10, 9]
+    assert _claim_status(claim, {"t": {"summary": s, "meta": meta}})[1].endswith(
+        "width 256 (n = 10 of 50), 1024 (n = 9 of 50) left out until they have their row's seeds")
 
 
 def test_falls_then_rises_claims_need_an_interior_minimum_beyond_noise():

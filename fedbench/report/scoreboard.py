@@ -458,7 +458,8 @@ def _monotone_status(claim: Dict[str, Any], c: Dict[str, Any], s: pd.DataFrame, 
     if single:
         detail += f"; {single} value(s) with one seed left out"
     if running:
-        detail += f"; {along} {', '.join(running)} left out until it has its row's seeds"
+        verb = "it has its row's" if len(running) == 1 else "they have their row's"
+        detail += f"; {along} {', '.join(running)} left out until {verb} seeds"
     want = claim.get("paper_seeds") or paper_seeds(c["meta"])   # a figure's seeds live in its sweep: the claim says
     if want and fewest < want:   # the values compared, not those left out above
         detail += f"; provisional: fewer than the paper's {want} seeds"
