@@ -40,6 +40,7 @@ def paired_best(runs: pd.DataFrame, method: str = "fola", baseline: str = "fedav
 if __name__ == "__main__":
     path = sys.argv[1] if len(sys.argv) > 1 else "results/tables/fola_figure3_reduced_runs.csv"
     if not os.path.isfile(path):
-        sys.exit(f"fola_paired_best: no runs table at {path} (collect it: scripts/campaign.sh --collect fola_figures3_4)")
+        sys.exit(f"fola_paired_best: no runs table at {path} "
+                 "(collect it: scripts/campaign.sh --collect fola_figures3_4)")
     with pd.option_context("display.width", 200, "display.max_colwidth", 40):
         print(paired_best(pd.read_csv(path)).to_string(index=False))
