@@ -28,7 +28,7 @@ def _runs(acc, part="alpha=10", n=5):
 def test_paired_differences_follow_each_methods_best_setting():
     acc = {("fola", 10): [95.0, 95.2, 95.1], ("fola", 20): [94.0, 94.1, 94.2],
            ("fedavg", 10): [94.9, 95.0, 95.0], ("fedavg", 20): [95.3, 95.4, 95.2]}
-    out = _load().paired_best(_runs(acc), group_size=12)
+    out = _load().paired_best(_runs(acc))
     row = out.iloc[0]
     assert row["fola_best"] == (10, 0.1, 32) and row["fedavg_best"] == (20, 0.1, 32)
     assert row["best_vs_best"] == [-0.3, -0.2, -0.1]
@@ -39,6 +39,15 @@ def test_a_group_still_running_its_grid_is_left_out():
     acc = {("fola", 10): [95.0, 95.2, 95.1], ("fedavg", 10): [94.9, 95.0, 95.0]}
     done = _runs(acc)
     running = _runs({("fola", 10): [90.0], ("fedavg", 10): [99.0]}, n=50)
-    out = _load().paired_best(pd.concat([done, running]), group_size=6)
+    out = _load().paired_best(pd.concat([done, running]))
     assert out.num_clients.tolist() == [5]
     assert out.iloc[0]["best_vs_best"] == [0.1, 0.2, 0.1]
+
+
+def test_a_group_whose_seeds_ran_part_of_the_grid_is_left_out():
+    # every seed of N = 20 ran E = 10 only; N = 5 ran E = 10 and 20, so the grid has both
+    acc = {("fola", 10): [95.0, 95.2, 95.1], ("fola", 20): [94.0, 94.1, 94.2],
+           ("fedavg", 10): [94.9, 95.0, 95.0], ("fedavg", 20): [95.3, 95.4, 95.2]}
+    part = {k: v for k, v in acc.items() if k[1] == 10}
+    out = _load().paired_best(pd.concat([_runs(acc), _runs(part, n=20)]))
+    assert out.num_clients.tolist() == [5]

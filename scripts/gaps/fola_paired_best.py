@@ -14,14 +14,20 @@ import pandas as pd
 SETTING = ["local_epochs", "local.lr", "local.batch_size"]
 
 
-def paired_best(runs: pd.DataFrame, method: str = "fola", baseline: str = "fedavg", group_size: int = 270):
+def paired_best(runs: pd.DataFrame, method: str = "fola", baseline: str = "fedavg", seeds: int = 3):
     """One row per complete (partition, num_clients) group: each method's best setting and the per-seed differences
-    method - baseline, best against best and both at the baseline's best setting."""
+    method - baseline, best against best and both at the baseline's best setting. A group is complete when ``seeds``
+    seeds ran every (method, E, lr, B) cell that the table holds anywhere; only those seeds count."""
     rows = []
     runs = runs.dropna(subset=["accuracy"])
+    cells = ["method"] + SETTING
+    grid = len(runs.drop_duplicates(cells))
     for (part, n), g in runs.groupby(["partition", "num_clients"]):
-        if len(g) < group_size:      # a group whose grid is still running is left out, as the claims do
+        per_seed = g.drop_duplicates(cells + ["seed"]).groupby("seed").size()
+        full = per_seed.index[per_seed == grid]
+        if len(full) < seeds:        # a group whose grid is still running is left out, as the claims do
             continue
+        g = g[g.seed.isin(full)]
         means = g.groupby(["method"] + SETTING).accuracy.mean()
         best = {m: means[m].idxmax() for m in (method, baseline)}
 
