@@ -8,6 +8,15 @@
 # stopped). A run still training at the deadline is killed and left out; the one-shot runs have nothing to resume.
 # Output: $OUT/runs.tar.gz (outputs/runs/<id>/ without *.pt) and $OUT/device.log. Data: FEDBENCH_DATA_MIRROR
 # (default .devdata, a copy of ../shared/datasets/<NAME> carried with the call).
+#
+# Session 61's lease (FedLPA Table 8 MNIST, results/README.md), prepared here before the machine starts:
+#   .whl: `pip download --no-deps --only-binary=:all: --python-version 3.12 ...` of hydra-core, omegaconf, submitit,
+#         hydra-submitit-launcher, hydra-joblib-launcher, curvlinops-for-pytorch, backpack-for-pytorch, einconv,
+#         unfoldNd, and `pip wheel --no-deps antlr4-python3-runtime==4.9.3` (no wheel on PyPI); the rest is on the image
+#   .devdata/MNIST: `cp -r ../shared/datasets/MNIST .devdata/`; both in .git/info/exclude, named in the call's carry
+#   the tree that travels must stay under 64 MiB: results/records alone is about 130, so it was left out of the index
+#   for the call (`git rm -r -q --cached results/records` with /results/records/ in .git/info/exclude, then
+#   `git reset -q -- results/records`); the runs skipped as done are then those of the lease itself
 set -u
 start=$(date +%s)
 deadline=${DEADLINE_S:-500}
