@@ -429,26 +429,28 @@ step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on 
     table --name cg experiment=fedlpa/table10 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
 }
 
+fedlpa_onestage() {   # FedLPA's long one-round tables (7, 8): the given data sets x 9 partitions x 3 seeds, the methods
+                      # that share one client stage, then the table and its CG reading
+    local t=$1; shift
+    for d in "$@"; do
+        run experiment=fedlpa/$t profile=paper dataset=$d "$FEDLPA_CG_ONESTAGE"
+    done
+    table experiment=fedlpa/$t profile=paper
+    table --name cg experiment=fedlpa/$t profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
+}
+
 step_fedlpa_table7_onestage() {  # Table 7 (50 local epochs) on FMNIST and MNIST, 9 partitions x 3 seeds, every method that
                                  # trains the one shared stage (FedProx's four mu and DENSE left out, as in Table 10's long
                                  # columns). Session 30 ran FMNIST's 27 runs and MNIST's first 11 on an H100
                                  # (CAMPAIGN_HW="hardware=cuda"); a run here is about 10 CPU min (one 50-epoch stage)
-    for d in fmnist mnist; do
-        run experiment=fedlpa/table7 profile=paper dataset=$d "$FEDLPA_CG_ONESTAGE"
-    done
-    table experiment=fedlpa/table7 profile=paper
-    table --name cg experiment=fedlpa/table7 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
+    fedlpa_onestage table7 fmnist mnist
 }
 
 step_fedlpa_table8_onestage() {  # Table 8 (100 local epochs) on MNIST and FMNIST, 9 partitions x 3 seeds, the methods of
                                  # Table 7's one shared stage. Session 61 ran MNIST's first 18 runs on an H200 (scripts/
                                  # device_campaign.sh, three at once, 76-121 s a partition's 3 seeds); here a run is one
                                  # 100-epoch stage, about 15-30 CPU min
-    for d in mnist fmnist; do
-        run experiment=fedlpa/table8 profile=paper dataset=$d "$FEDLPA_CG_ONESTAGE"
-    done
-    table experiment=fedlpa/table8 profile=paper
-    table --name cg experiment=fedlpa/table8 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
+    fedlpa_onestage table8 mnist fmnist
 }
 
 step_fola_figures10_12() {       # §IV-E softmax-regression study (MNIST, 2 clients): Figs. 10-11 (one study run: 7
