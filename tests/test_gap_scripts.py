@@ -181,6 +181,45 @@ def test_fedlpa_cross_server_solvers_on_a_known_system():
     assert not all(torch.isfinite(v).all() for v in wild[0].values()) and wild[1] == float("inf")
 
 
+def test_fedlpa_cross_server_pairs_equal_sized_clients_by_their_factors(tmp_path, monkeypatch):
+    """A released dump lists its clients in its own shuffled order; on a split whose clients all have one size
+    (`#C=k` splits have several 4,500-sample clients) the size cannot pair them, the factors can: a dump built from
+    fedbench's own factors in a permuted order is paired back exactly, and sizes that fedbench's split lacks fail."""
+    import torch
+    from fedbench.algorithms.fedlpa import CURVATURE
+    from fedbench.config.compose import compose_config
+    from fedbench.curvature.compute import compute_curvature
+    from fedbench.curvature.damping import damp_kfac
+    from fedbench.run.setup import build_setup
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    cross = _cross()
+    overrides = ["dataset=synthetic", "dataset.kwargs.like=fmnist", "dataset.kwargs.train_size=300",
+                 "dataset.kwargs.test_size=50", "model=simple_cnn", "num_clients=3", "partition=homo"]
+    cfg = compose_config(overrides + ["algorithm=fedlpa", "hardware=cpu", "cache=false"])
+    run = build_setup(cfg)
+    assert len(set(run.client_sizes)) == 1   # every client has one size: sizes alone cannot pair them
+    model, g = run.fl.model, torch.Generator().manual_seed(1)
+    perm, clients, factors = [2, 0, 1], [], []
+    for k in perm:
+        sd = {n: v + 0.1 * torch.randn(v.shape, generator=g) for n, v in model.state_dict().items()}
+        model.load_state_dict(sd)
+        idx = run.fl.client_indices[k]
+        curv = compute_curvature(model, run.fl.train.inputs(idx), run.fl.train.y[idx], batch_size=64, **CURVATURE)
+        clients.append(sd)
+        factors.append({n: damp_kfac(b.A.detach(), b.G.detach(), float(cfg.algorithm.damping), cfg.algorithm.pi)
+                        for n, b in curv.blocks.items()})
+    n = sum(run.client_sizes)
+    dump = {"clients": clients, "factors": factors, "p": [run.client_sizes[k] / n for k in perm]}
+    mine, worst = cross.fedbench_factors(dump, overrides)
+    assert worst < 1e-6
+    for got, want in zip(mine, factors):
+        for name, (A, G) in want.items():
+            assert torch.allclose(got[name][0], A) and torch.allclose(got[name][1], G)
+    # a client that the split does not have (another size) is rejected, not paired
+    with pytest.raises(SystemExit):
+        cross.fedbench_factors({**dump, "p": [0.5, 0.25, 0.25]}, overrides)
+
+
 def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):
     import importlib.util
     spec = importlib.util.spec_from_file_location("fedlap_val_vs_test_nll", ROOT / "scripts" / "gaps" / "fedlap_val_vs_test_nll.py")
