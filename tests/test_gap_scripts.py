@@ -162,6 +162,10 @@ def test_fedlpa_cross_server_solvers_on_a_known_system():
             assert torch.allclose(spec.to_matrix(sol[k][0]), avg, atol=1e-8), (k, spec.module)
             assert sol[k][1] < 1e-6
     assert cross.layer_systems(dump).__next__()[1].shape == (3, 3, 9)   # conv [W | b]: 3 x (2*2*2 + 1)
+    avg = cross.fedavg_params(dump)   # FedAvg of the clients: the p-weighted average, which equal factors' EA equals
+    for k, v in avg.items():
+        assert torch.allclose(v, sum(p * c[k].double() for p, c in zip(dump["p"], dump["clients"])))
+        assert torch.allclose(v, sol["ea"][0][k].double(), atol=1e-8)
     # different factors: EA is not the solution, CG is (dense check on the Kronecker system)
     dump = _fake_dump(shared_factors=False)
     sol = cross.solve_all(dump, torch.float64, gd_lr=0.01, gd_steps=10)

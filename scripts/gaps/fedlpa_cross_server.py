@@ -10,7 +10,8 @@ test accuracies of the GD and EA models when the wrapper is given DUMP:
 For each dump this solves every layer's system sum_k p_k G_k M A_k = sum_k p_k G_k M_k A_k with fedbench's own
 solvers (fedbench.algorithms.fedlpa: ea_solve, gd_solve at the released fixed step gd_lr = 1 for 10,000 steps, in
 float32 as the released code and float64 as fedbench's default server_dtype, and cg_solve) and prints their test
-accuracies beside the released log's, with the worst layer's relative residual. Equal numbers mean the two servers
+accuracies beside the released log's, with the worst layer's relative residual, and the test accuracy of the clients'
+FedAvg (their p_k-weighted average: what the clients give without the curvature). Equal numbers mean the two servers
 agree on those clients, so a difference between the two pipelines lies in the client stage.
 
 With ``--fedbench OVERRIDES`` (the fedbench run of the same split, e.g. ``experiment=fedlpa/table5 profile=paper
@@ -45,6 +46,11 @@ def layer_systems(dump: dict) -> Iterator[Tuple[LayerSpec, Tensor, Tensor, Tenso
         yield (spec, torch.stack([spec.to_matrix(sd) for sd in dump["clients"]]),
                torch.stack([f[spec.module][0] for f in dump["factors"]]),
                torch.stack([f[spec.module][1] for f in dump["factors"]]))
+
+
+def fedavg_params(dump: dict) -> Dict[str, Tensor]:
+    """The clients' p_k-weighted average (float64) of every entry of their state dicts."""
+    return {k: sum(p * sd[k].double() for p, sd in zip(dump["p"], dump["clients"])) for k in dump["clients"][0]}
 
 
 def solve_all(dump: dict, dtype: torch.dtype, gd_lr: float, gd_steps: int,
@@ -148,7 +154,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(a.checkout.resolve()))
     torch.set_num_threads(1)
     tests = {}
-    print("dump | released GD / EA | fedbench EA | GD float32 | GD float64 | CG float64 (worst layer residual)")
+    print("dump | released GD / EA | fedbench EA | GD float32 | GD float64 | CG float64 (worst layer residual) | "
+          "FedAvg of the clients")
     for path in a.dumps:
         dump = torch.load(path, map_location="cpu", weights_only=False)
         dataset = dump["args"]["dataset"]
@@ -161,6 +168,7 @@ def main(argv=None) -> int:
         s32 = solve_all(dump, torch.float32, a.gd_lr, a.gd_steps, solvers=("gd",))   # the released precision
         s64 = solve_all(dump, torch.float64, a.gd_lr, a.gd_steps)
         cell = [f"{accuracy(model, m, test):.2f} ({r:.2g})" for m, r in (s64["ea"], s32["gd"], s64["gd"], s64["cg"])]
+        cell.append(f"{accuracy(model, fedavg_params(dump), test):.2f}")
         print(f"{path.name} | {100 * dump['released_gd']:.2f} / {100 * dump['released_ea']:.2f} | " + " | ".join(cell))
         if a.fedbench:
             factors, worst = fedbench_factors(dump, a.fedbench)
