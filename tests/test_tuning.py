@@ -8,6 +8,7 @@ import torch
 
 from fedbench.config.tuning import better, grid_points, parse_tuning
 from fedbench.errors import FedbenchError
+from fedbench.results.records import compute_run_id
 
 # a tiny preset of its own: softmax regression on 300 synthetic points, 2 clients, 2 rounds; lr is the tuned knob
 TABLE = ("table={paper:t,id:tune,title:x,rows:[dataset],profiles:{paper:{}},"
@@ -191,6 +192,35 @@ def test_a_tuned_table_regenerates_from_the_committed_stores_alone(tmp_path, mon
     run_tuning(ovs + [f"paths.data_root={tmp_path / 'data'}"], str(tmp_path))
     assert {p: p.read_bytes() for p in (tmp_path / "store" / "records").rglob("metrics.json")} == store
     assert not list((tmp_path / "out" / "runs").glob("*/metrics.json"))   # nothing trained
+
+
+def test_collect_publishes_the_runs_of_a_selection_still_under_way(tmp_path, monkeypatch, one_thread):
+    """A session cut off mid-selection: collect publishes the selection runs that finished, and a fresh machine's
+    tuning skips them (FOLA Fig. 5's 12 selection runs per N take longer than a session)."""
+    import shutil
+
+    from fedbench.launch.tuning import run_tuning, selection_config, tuning_tasks
+    from fedbench.report.tables import collect
+    from fedbench.runner import execute
+
+    monkeypatch.setenv("FEDBENCH_RECORDS", str(tmp_path / "store" / "records"))
+    monkeypatch.setenv("FEDBENCH_TUNING", str(tmp_path / "store" / "tuning"))
+    ovs = TINY + [f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={tmp_path / 'data'}", "tuning=on"]
+    spec, tasks = tuning_tasks(ovs)
+    (task,) = [t for t in tasks if t.grid]
+    first, second = (selection_config(task, spec, p) for p in grid_points(task.grid))
+    execute(first, tmp_path / "out" / "runs" / compute_run_id(first), launch_dir=str(tmp_path))   # then cut off
+    text = collect(ovs, tmp_path / "out", tmp_path / "tables").read_text()
+    assert "not tuned yet" in text
+    store = tmp_path / "store" / "records"
+    assert sorted(p.name for p in store.iterdir()) == [compute_run_id(first)]   # only the finished selection run
+    assert not (tmp_path / "store" / "tuning").exists()                         # no choice without all its runs
+    shutil.rmtree(tmp_path / "out")                                               # a fresh machine
+    (sel,) = run_tuning(ovs, str(tmp_path))
+    assert [t["run_id"] for t in sel["val_metric"]] == [compute_run_id(first), compute_run_id(second)]
+    assert not (tmp_path / "out" / "runs" / compute_run_id(first) / "metrics.json").exists()   # skipped: not retrained
+    assert (tmp_path / "out" / "runs" / compute_run_id(second) / "metrics.json").is_file()
+    assert sel["chosen"] == {"local.lr": 0.05}
 
 
 @pytest.mark.parametrize("overrides, needle", [

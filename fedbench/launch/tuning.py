@@ -7,7 +7,8 @@ For every run of the preset's sweep (a cell: data set, split, seed, ...) and eve
 3. the final run with the chosen values on the full training data, evaluated on the test set: an ordinary run
    (its run_id is that of a fixed-pick run with the same values), whose record gets a ``tuning`` section.
 The choice is also kept in ``<output_root>/tuning/<selection key>.json`` for the table (``tuned_config``); a table's
-collect publishes it to the committed ``results/tuning/`` (``records.tuning_store``) with its selection runs' records.
+collect publishes it to the committed ``results/tuning/`` (``records.tuning_store``) with its selection runs' records
+(also those of a selection still under way: a fresh machine then goes on from them).
 Runs with an ok record are skipped, so an interrupted tuning resumes where it stopped.
 """
 from __future__ import annotations
@@ -187,6 +188,15 @@ def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
         rec["tuning"] = {k: v for k, v in selection.items() if k != "final_config"}
         write_json_atomic(d / "metrics.json", rec)
     return selection
+
+
+def finished_selection_runs(overrides: Sequence[str], output_root: Path, conf_dir: Path = CONF_DIR) -> List[Path]:
+    """The record folders of every finished selection run of a ``tuning=on`` preset, its selection complete or not.
+    A table's collect publishes them, so a fresh machine's tuning skips them and resumes where this one stopped."""
+    spec, tasks = tuning_tasks(overrides, conf_dir)
+    ids = dict.fromkeys(compute_run_id(selection_config(t, spec, point, conf_dir))   # cells share seed 0's runs
+                        for t in tasks for point in grid_points(t.grid))
+    return [d for d in (find_record_dir(output_root, rid) for rid in ids) if d is not None]
 
 
 def selection_path(output_root: Path, fixed: DictConfig, spec: TuningSpec, grid: Dict[str, list]) -> Path:

@@ -34,10 +34,10 @@ from fedbench.numerics import is_current
 from fedbench.config.specs import figure_spec
 from fedbench.config.tuning import tuning_on
 from fedbench.report.costs import attach_ratios, check_cost_column, format_cost_cell, header_note, is_cost, to_paper_unit
-from fedbench.results.records import (atomic_write_bytes, find_record_dir, load_record, publish_record,
-                                      is_complete, read_history, read_record, records_dir, tuning_store)
+from fedbench.results.records import (atomic_write_bytes, load_record, publish_record,
+                                      is_complete, read_history, records_dir, tuning_store)
 from fedbench.results.summaries import history_value, last_k_at, parse_source, record_value
-from fedbench.launch.tuning import tuned_config
+from fedbench.launch.tuning import finished_selection_runs, tuned_config
 from fedbench.launch.sweep import compose_run, CONF_DIR, expand_sweep
 from fedbench.report.plans import applied, resolved_run, sweep_configs
 from fedbench.results.reference import load_reference
@@ -730,7 +730,7 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     tables_dir.mkdir(parents=True, exist_ok=True)
     if publish:
         publish_records(df)
-        publish_selections(df, output_root)
+        publish_selections(overrides, df, output_root)
         register_collection(tables_dir.parent / COLLECTIONS, name, overrides, metric, suffix, profile)
     elif unpublished is not None:
         unpublished += [d for d in df.loc[df["status"] == "ok", "record_dir"].dropna().unique()
@@ -744,20 +744,18 @@ def collect(overrides: Sequence[str], output_root: Path, tables_dir: Path, metri
     return out
 
 
-def publish_selections(df: pd.DataFrame, output_root: Path) -> int:
-    """Copy the tuning selections behind a ``tuning=on`` table, and their selection runs' records, into the committed
-    stores (results/tuning, results/records): the table and its choices then regenerate from a fresh clone."""
+def publish_selections(overrides: Sequence[str], df: pd.DataFrame, output_root: Path) -> int:
+    """Copy the tuning selections behind a ``tuning=on`` table into the committed store (results/tuning), and every
+    finished selection run's record, those of selections still under way included, into results/records: the table
+    and its choices then regenerate from a fresh clone, and a fresh machine's tuning resumes where this one stopped."""
     n = 0
     for path in df["tuning_selection"].dropna().unique():
-        sel = read_record(Path(path))
         target = tuning_store() / Path(path).name
         if Path(path).resolve() != target.resolve() and not target.is_file():
             atomic_write_bytes(target, Path(path).read_bytes())
             n += 1
-        for trial in sel.get("val_metric") or []:
-            d = find_record_dir(output_root, trial["run_id"])
-            if d is not None:
-                publish_record(d)
+    for d in finished_selection_runs(overrides, output_root) if tuning_on(overrides) else []:
+        publish_record(d)
     return n
 
 
