@@ -361,6 +361,35 @@ def _verdict_colls():
                               "entry": {**entry, "suffix": "read"}, "metric": "accuracy"}}
 
 
+def test_a_tuned_reading_checks_every_setting_run_apart_against_its_chosen_one(monkeypatch):
+    """FedLPA Table 6's FedProx: four mu run apart against the paper's one number; the reading (tuning=on) has one
+    bare "fedprox" row per cell, its mu chosen on a hold-out. Every mu's cell is explained exactly where that row is
+    within, and a reading that also spells a setting out is never mixed with it."""
+    from fedbench.report import scoreboard as sb
+    monkeypatch.setattr(sb, "has_reference", lambda paper, table: True)
+    meta = {"rows": ["dataset", "partition"], "profiles": {"paper": {"sweep": {"seed": [0, 1, 2]}}}}
+    main = pd.DataFrame([{"dataset": "d", "partition": p, "method": f"fedprox(mu={mu})", "n": 3, "mean": m,
+                          "std": 0.5, "paper": 70.0}
+                         for p, mu, m in (("a", 0.01, 60.0), ("a", 1.0, 20.0), ("b", 0.01, 50.0), ("b", 1.0, 20.0))])
+    read = pd.DataFrame([{"dataset": "d", "partition": p, "method": "fedprox", "n": 3, "mean": m, "std": 0.5,
+                          "paper": 70.0} for p, m in (("a", 69.0), ("b", 50.0))])
+    entry = {"suffix": None, "profile": "paper"}
+    colls = {"p_table1": {"meta": {**meta, "paper": "p", "id": "table1"}, "summary": main, "entry": entry,
+                          "metric": "accuracy"},
+             "p_table1_tuned": {"meta": {**meta, "paper": "p", "id": "table1"}, "summary": read,
+                                "entry": {**entry, "suffix": "tuned"}, "metric": "accuracy"}}
+    verdicts = [{"paper": "p", "table": "table1", "methods": ["fedprox(*"], "verdict": "reading",
+                 "reading": "p_table1_tuned", "anchor": "p-table1"}]
+    cells = scoreboard_cells(colls, verdicts).set_index(["cell", "method"])
+    assert cells.loc[("d/a", "fedprox(mu=0.01)"), ["verdict", "explained"]].tolist() == ["reading", True]
+    assert cells.loc[("d/a", "fedprox(mu=1.0)"), ["verdict", "explained"]].tolist() == ["reading", True]
+    assert cells.loc[("d/b", "fedprox(mu=1.0)"), ["verdict", "explained"]].tolist() == ["reading", False]  # 50 vs 70
+    assert sb._reading_cell(colls, "p_table1_tuned", "d/a", "fedprox(mu=1.0)") == (69.0, True)
+    # a reading row that spells its own setting out is that setting's, not a stand-in for another
+    colls["p_table1_tuned"]["summary"] = read.assign(method="fedprox(mu=0.5)")
+    assert sb._reading_cell(colls, "p_table1_tuned", "d/a", "fedprox(mu=1.0)") is None
+
+
 def test_verdicts_sort_cells_outside_and_a_reading_explains_only_where_it_is_within(monkeypatch):
     from fedbench.report import scoreboard as sb
     monkeypatch.setattr(sb, "has_reference", lambda paper, table: True)

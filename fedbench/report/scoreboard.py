@@ -131,14 +131,17 @@ def _cell_name(c: Dict[str, Any], r: Dict[str, Any]) -> str:
 
 def _reading_cell(colls: dict, name: str, cell: str, method: str):
     """The same cell in the reading's collection: (mean, within) or None when it did not run there. A method whose
-    reading spells out its parameters ("fedprox(mu=0.01)" for "fedprox") is found under that one label."""
+    reading spells out its parameters ("fedprox(mu=0.01)" for "fedprox") is found under that one label; a setting
+    run apart ("fedprox(mu=1.0)") is found under the reading's bare method when the reading has one row of it (a
+    ``tuning=on`` reading: the hold-out chose the setting the paper's one number leaves unstated)."""
     c = colls.get(name)
     if c is None:
         raise FedbenchError(f"verdict reading {name!r} is not a committed collection (results/collections.yaml)")
     paper_n = paper_seeds(c["meta"])
     rows = [r for r in c["summary"].to_dict("records") if _cell_name(c, r) == cell]
     hit = [r for r in rows if r["method"] == method] or \
-        [r for r in rows if base_method(r["method"]) == method and r["method"] != method]
+        [r for r in rows if base_method(r["method"]) == method and r["method"] != method] or \
+        [r for r in rows if r["method"] == base_method(method) != method]
     if len(hit) != 1 or int(hit[0]["n"]) == 0 or hit[0].get("paper") is None or pd.isna(hit[0].get("paper")):
         return None
     ok = within_tolerance(hit[0], paper_n)
