@@ -329,9 +329,19 @@ step_fedlpa_table6_mnist() {     # MNIST, 9 partitions x 3 seeds, one partition 
     done
     table experiment=fedlpa/table6 profile=paper "$FEDLPA"
 }
-step_fedlpa_table6_fmnist_tuned() {   # FedProx's mu chosen on validation (gaps.md#fedlpa-table6)
+step_fedlpa_table6_fmnist_tuned() {   # FedProx's mu chosen on validation (gaps.md#fedlpa-table6-fedprox); 36 selection
+                                      # runs of ~90 s, the final runs are step fedlpa_table6_fmnist's
     run experiment=fedlpa/table6 profile=paper dataset=fmnist tuning=on 'aggregators=[fedavg,fedprox]'
-    table experiment=fedlpa/table6 profile=paper dataset=fmnist tuning=on 'aggregators=[fedavg,fedprox]'
+    table experiment=fedlpa/table6 profile=paper tuning=on 'aggregators=[fedavg,fedprox]'   # every data set: one table
+}
+step_fedlpa_table6_mnist_tuned() {
+    run experiment=fedlpa/table6 profile=paper dataset=mnist tuning=on 'aggregators=[fedavg,fedprox]'
+    table experiment=fedlpa/table6 profile=paper tuning=on 'aggregators=[fedavg,fedprox]'
+}
+step_fedlpa_table5_tuned() {   # the same for Table 5 (10 local epochs; its FedProx cells carry verdict one_number until then)
+    run experiment=fedlpa/table5 profile=paper dataset=fmnist tuning=on 'aggregators=[fedavg,fedprox]'
+    run experiment=fedlpa/table5 profile=paper dataset=mnist tuning=on 'aggregators=[fedavg,fedprox]'
+    table experiment=fedlpa/table5 profile=paper tuning=on 'aggregators=[fedavg,fedprox]'
 }
 step_fedlpa_table5_fmnist() {    # 9 partitions x 3 seeds (10 local epochs; about 7 CPU minutes a partition and seed)
     for p in "${LPA_PARTITIONS[@]}"; do
@@ -505,7 +515,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 }
 
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
-       fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned
+       fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned fedlpa_table6_mnist_tuned fedlpa_table5_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage fedlpa_table8_onestage
        fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse)

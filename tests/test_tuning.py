@@ -39,6 +39,23 @@ def test_fedlap_uci_grids_expand_to_the_papers_66_selection_runs():
     assert (d.algorithm.alpha, d.algorithm.weight_decay, d.local.epochs) == (1e-3, 1e-6, 5)
 
 
+@pytest.mark.parametrize("table", ["fedlpa/table5", "fedlpa/table6"])
+def test_fedlpa_tunes_fedprox_mu_per_cell_on_seed_0(table):
+    """FedLPA Tables 5-6 print one FedProx number per cell for the scripts' four mu: 4 selection runs per partition
+    on seed 0 (36 per data set), each the fixed-pick FedProx run with the hold-out and that mu."""
+    from fedbench.launch.tuning import selection_config, tuning_tasks
+
+    spec, tasks = tuning_tasks([f"experiment={table}", "profile=paper", "dataset=fmnist", "partition.spec='#C=2'",
+                                "seed=2", "aggregators=[fedavg,fedprox]", "tuning=on"])
+    assert [t.method for t in tasks] == ["fedavg", "fedprox"] and not tasks[0].grid
+    prox = tasks[1]
+    assert prox.grid == {"algorithm.mu": [0.001, 0.01, 0.1, 1.0]} and prox.fixed.seed == 2
+    sel = [selection_config(prox, spec, p) for p in grid_points(prox.grid)]
+    assert [c.algorithm.mu for c in sel] == [0.001, 0.01, 0.1, 1.0]
+    assert all(c.seed == 0 and c.tuning_val.fraction == 0.2 and c.partition.spec == "#C=2" for c in sel)
+    assert {c.local.epochs for c in sel} == {prox.fixed.local.epochs} == {10 if table.endswith("5") else 20}
+
+
 def test_fola_table2_tunes_each_methods_local_epochs_over_20_rounds():
     from omegaconf import OmegaConf
 
