@@ -33,6 +33,7 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from fedbench.algorithms.base import weighted_average  # noqa: E402
 from fedbench.algorithms.fedlpa import (LayerSpec, cg_solve, ea_solve, gd_solve, layer_specs, rel_residual,  # noqa: E402
                                        worst_residual)
 
@@ -49,8 +50,8 @@ def layer_systems(dump: dict) -> Iterator[Tuple[LayerSpec, Tensor, Tensor, Tenso
 
 
 def fedavg_params(dump: dict) -> Dict[str, Tensor]:
-    """The clients' p_k-weighted average (float64) of every entry of their state dicts."""
-    return {k: sum(p * sd[k].double() for p, sd in zip(dump["p"], dump["clients"])) for k in dump["clients"][0]}
+    """The clients' p_k-weighted average (float64) of every entry of their state dicts: FedAvg's own average."""
+    return weighted_average([{k: v.double() for k, v in sd.items()} for sd in dump["clients"]], dump["p"])
 
 
 def solve_all(dump: dict, dtype: torch.dtype, gd_lr: float, gd_steps: int,
