@@ -426,6 +426,16 @@ step_fedlpa_table10_short() {    # Table 10 (beta = 0.001), its 10- and 20-epoch
     table --name cg experiment=fedlpa/table10 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'   # gaps.md#fedlpa-table10
 }
 
+step_fedlpa_table10_tuned() {    # FedProx's mu chosen on a 20 % hold-out for the columns run here (10, 20 local epochs,
+                                 # FMNIST and MNIST), as in Tables 5-6: 16 selection runs of 40-90 s; finals = the step above's
+    for e in 10 20; do
+        for d in fmnist mnist; do
+            run experiment=fedlpa/table10 profile=paper dataset=$d local.epochs=$e tuning=on 'aggregators=[fedavg,fedprox]'
+        done
+    done
+    table experiment=fedlpa/table10 profile=paper tuning=on 'aggregators=[fedavg,fedprox]'
+}
+
 step_fedlpa_table10_long() {    # Table 10's 50-, 100- and 200-epoch columns on MNIST and FMNIST, 3 seeds, every method that
                                  # trains the one shared stage (FedProx's four mu would each train their own: 5x the cost;
                                  # DENSE needs a GPU). Session 28 ran 15 of the 18 runs on an H100 (CAMPAIGN_HW=
@@ -516,7 +526,7 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
 
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned fedlpa_table6_mnist_tuned fedlpa_table5_tuned
-       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short
+       fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short fedlpa_table10_tuned
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage fedlpa_table8_onestage
        fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse)
 

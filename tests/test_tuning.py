@@ -39,21 +39,26 @@ def test_fedlap_uci_grids_expand_to_the_papers_66_selection_runs():
     assert (d.algorithm.alpha, d.algorithm.weight_decay, d.local.epochs) == (1e-3, 1e-6, 5)
 
 
-@pytest.mark.parametrize("table", ["fedlpa/table5", "fedlpa/table6"])
-def test_fedlpa_tunes_fedprox_mu_per_cell_on_seed_0(table):
-    """FedLPA Tables 5-6 print one FedProx number per cell for the scripts' four mu: 4 selection runs per partition
-    on seed 0 (36 per data set), each the fixed-pick FedProx run with the hold-out and that mu."""
+@pytest.mark.parametrize(("table", "cell", "epochs"), [
+    ("fedlpa/table5", "partition.spec='#C=2'", 10),
+    ("fedlpa/table6", "partition.spec='#C=2'", 20),
+    ("fedlpa/table10", "local.epochs=20", 20),     # Table 10's cells are local-epoch columns at beta = 0.001
+])
+def test_fedlpa_tunes_fedprox_mu_per_cell_on_seed_0(table, cell, epochs):
+    """FedLPA Tables 5, 6 and 10 print one FedProx number per cell for the scripts' four mu: 4 selection runs per
+    cell on seed 0 (36 per data set in Tables 5-6), each the fixed-pick FedProx run with the hold-out and that mu."""
     from fedbench.launch.tuning import selection_config, tuning_tasks
 
-    spec, tasks = tuning_tasks([f"experiment={table}", "profile=paper", "dataset=fmnist", "partition.spec='#C=2'",
+    spec, tasks = tuning_tasks([f"experiment={table}", "profile=paper", "dataset=fmnist", cell,
                                 "seed=2", "aggregators=[fedavg,fedprox]", "tuning=on"])
     assert [t.method for t in tasks] == ["fedavg", "fedprox"] and not tasks[0].grid
     prox = tasks[1]
     assert prox.grid == {"algorithm.mu": [0.001, 0.01, 0.1, 1.0]} and prox.fixed.seed == 2
     sel = [selection_config(prox, spec, p) for p in grid_points(prox.grid)]
     assert [c.algorithm.mu for c in sel] == [0.001, 0.01, 0.1, 1.0]
-    assert all(c.seed == 0 and c.tuning_val.fraction == 0.2 and c.partition.spec == "#C=2" for c in sel)
-    assert {c.local.epochs for c in sel} == {prox.fixed.local.epochs} == {10 if table.endswith("5") else 20}
+    assert all(c.seed == 0 and c.tuning_val.fraction == 0.2 for c in sel)
+    assert {c.partition.spec for c in sel} == {prox.fixed.partition.spec}
+    assert {c.local.epochs for c in sel} == {prox.fixed.local.epochs} == {epochs}
 
 
 def test_fola_table2_tunes_each_methods_local_epochs_over_20_rounds():
@@ -242,7 +247,8 @@ def test_collect_publishes_the_runs_of_a_selection_still_under_way(tmp_path, mon
 
 @pytest.mark.parametrize("overrides, needle", [
     (["tuning=maybe"], "tuning='maybe' is not allowed: tuning must be one of off, on"),
-    (["experiment=fedlap/table2", "tuning=on"], "tuning=on needs a preset with a table.tuning block; fedlap/table2"),
+    (["experiment=fedlap/table2", "tuning=on"], "tuning=on needs a preset with a table.tuning block; fedlap/table2 "
+     "has none (presets with one: fedlap/table1, fedlpa/table10, fedlpa/table5, fedlpa/table6, fola/figure5, fola/table2)"),
     (["experiment=fedlap/table1", "tuning=on", "table.tuning.metric=ece"], "table.tuning: metric must be one of accuracy, nll"),
     (["experiment=fedlap/table1", "tuning=on", "table.tuning.val_fraction=1.5"], "val_fraction must be a number in (0, 1)"),
     (["experiment=fedlap/table1", "tuning=on", "table.tuning.grids=[{methods:{fedavg:{local.epochs:[]}}}]"],

@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+import yaml
+
 from fedbench.errors import FedbenchError
 
 SWITCH = ("off", "on")
@@ -57,13 +59,22 @@ def _scalar(v) -> bool:
     return v is None or isinstance(v, (bool, int, float, str))
 
 
+def tuned_presets() -> list:
+    """The experiment presets that declare a ``table.tuning`` block (named as ``experiment=`` takes them)."""
+    from fedbench.config import CONF_DIR
+
+    root = CONF_DIR / "experiment"
+    return sorted(str(f.relative_to(root).with_suffix("")) for f in root.rglob("*.yaml")
+                  if "tuning" in ((yaml.safe_load(f.read_text()) or {}).get("table") or {}))
+
+
 def parse_tuning(table: Optional[Mapping]) -> TuningSpec:
     """The preset's ``table.tuning`` as a ``TuningSpec``; any malformed part is one ``FedbenchError`` line."""
     node = (table or {}).get("tuning")
     where = f"{(table or {}).get('paper', '?')}/{(table or {}).get('id', '?')}"
     if node is None:
         raise FedbenchError(f"tuning=on needs a preset with a table.tuning block; {where if table else 'no preset'} "
-                            "has none (presets with one: fedlap/table1, fola/table2)")
+                            f"has none (presets with one: {', '.join(tuned_presets())})")
     if not isinstance(node, Mapping):
         _bad(f"must be a mapping, got {node!r}")
     unknown = sorted(set(node) - set(SPEC_KEYS))
