@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-import yaml
+from omegaconf import OmegaConf
 
 from fedbench.errors import FedbenchError
 
@@ -65,7 +65,7 @@ def tuned_presets() -> list:
 
     root = CONF_DIR / "experiment"
     return sorted(str(f.relative_to(root).with_suffix("")) for f in root.rglob("*.yaml")
-                  if "tuning" in ((yaml.safe_load(f.read_text()) or {}).get("table") or {}))
+                  if "tuning" in (OmegaConf.load(f).get("table") or {}))
 
 
 def parse_tuning(table: Optional[Mapping]) -> TuningSpec:
