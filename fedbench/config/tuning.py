@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import OmegaConf
 
+from fedbench.config import CONF_DIR
 from fedbench.errors import FedbenchError
 
 SWITCH = ("off", "on")
@@ -61,8 +62,6 @@ def _scalar(v) -> bool:
 
 def tuned_presets() -> list:
     """The experiment presets that declare a ``table.tuning`` block (named as ``experiment=`` takes them)."""
-    from fedbench.config import CONF_DIR
-
     root = CONF_DIR / "experiment"
     return sorted(str(f.relative_to(root).with_suffix("")) for f in root.rglob("*.yaml")
                   if "tuning" in (OmegaConf.load(f).get("table") or {}))
