@@ -245,6 +245,43 @@ def test_collect_publishes_the_runs_of_a_selection_still_under_way(tmp_path, mon
     assert sel["chosen"] == {"local.lr": 0.05}
 
 
+def test_a_task_leaves_the_runs_another_launcher_holds_and_comes_back_for_them(tmp_path, one_thread):
+    """Two launchers on one tuning (FOLA Fig. 5 at N = 100 on two cores): a selection run whose claim a live holder
+    has is left to it; with nothing else free the task answers DEFERRED, and later selects as a lone launcher would."""
+    from fedbench.launch.tuning import DEFERRED, selection_config, tune_task, tuning_tasks
+    from fedbench.results.claims import claim
+
+    root = tmp_path / "out"
+    ovs = TINY + [f"paths.output_root={root}", f"paths.data_root={tmp_path / 'data'}", "tuning=on"]
+    spec, tasks = tuning_tasks(ovs)
+    (task,) = [t for t in tasks if t.grid]
+    first, second = (root / "runs" / compute_run_id(selection_config(task, spec, p)) for p in grid_points(task.grid))
+    with claim(first / ".claim", "the other launcher's run"):
+        assert tune_task(task, spec, root, str(tmp_path), defer_busy=True) == DEFERRED
+        assert (second / "metrics.json").is_file() and not (first / "metrics.json").exists()
+        assert not (root / "tuning").exists()                     # no choice before every selection run is in
+    sel = tune_task(task, spec, root, str(tmp_path), defer_busy=True)   # released: the task goes on
+    assert [t["run_id"] for t in sel["val_metric"]] == [first.name, second.name]   # grid order, not training order
+    assert sel["chosen"] == {"local.lr": 0.05} and (root / "runs" / sel["final_run_id"] / "metrics.json").is_file()
+
+
+def test_run_tuning_comes_back_at_the_end_for_a_deferred_task(tmp_path, monkeypatch, capsys, one_thread):
+    import fedbench.launch.tuning as tuning
+
+    lone, _ = _tune(tmp_path, "lone")
+    trained, real_run = [], tuning._run
+    monkeypatch.setattr(tuning, "_run", lambda cfg, *a: trained.append(compute_run_id(cfg)) or real_run(cfg, *a))
+    busy = lone["val_metric"][0]["run_id"]   # another launcher holds the first grid point for the whole first pass
+    monkeypatch.setattr(tuning, "_held_elsewhere", lambda cfg, root: compute_run_id(cfg) == busy)
+    (sel,) = tuning.run_tuning(TINY + [f"paths.output_root={tmp_path / 'two'}", f"paths.data_root={tmp_path / 'data'}",
+                                       "tuning=on"], str(tmp_path))
+    assert "being trained by another process; left for the end" in capsys.readouterr().err
+    second = lone["val_metric"][1]["run_id"]
+    # the free point, then in the second pass the held one (the free one again: a skip of its record) and the final
+    assert trained == [second, busy, second, lone["final_run_id"]]
+    assert sel["chosen"] == lone["chosen"] and sel["val_metric"] == lone["val_metric"]
+
+
 @pytest.mark.parametrize("overrides, needle", [
     (["tuning=maybe"], "tuning='maybe' is not allowed: tuning must be one of off, on"),
     (["experiment=fedlap/table2", "tuning=on"], "tuning=on needs a preset with a table.tuning block; fedlap/table2 "

@@ -28,9 +28,12 @@ from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grid
 from fedbench.config.aggregators import expand_runs
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import expand_sweep, is_finished
+from fedbench.results.claims import is_held
 from fedbench.results.records import (compute_run_id, find_record_dir, identity_config, read_record, tuning_store,
                                       write_json_atomic)
 from fedbench.runner import execute
+
+DEFERRED = "deferred"   # tune_task's answer when everything it could train now is another process's run
 
 
 @dataclass
@@ -157,18 +160,38 @@ def _run(cfg: DictConfig, output_root: Path, launch_dir: str) -> Optional[Path]:
     return find_record_dir(output_root, rid)
 
 
+def _held_elsewhere(cfg: DictConfig, output_root: Path) -> bool:
+    """Whether a live holder (another launcher on the same outputs) is training this run now."""
+    return is_held(Path(output_root) / "runs" / compute_run_id(cfg) / ".claim")
+
+
 def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
-              conf_dir: Path = CONF_DIR) -> Optional[Dict[str, Any]]:
-    """Select, then run the final run; returns the selection (also written to its file and the final record)."""
+              conf_dir: Path = CONF_DIR, defer_busy: bool = False) -> Optional[Dict[str, Any]] | str:
+    """Select, then run the final run; returns the selection (also written to its file and the final record).
+
+    With ``defer_busy`` a run another process is training is left to it: the next free grid point goes first, and
+    when nothing of the task is free the task returns ``DEFERRED`` (run_tuning comes back to it at the end, when
+    the other process's runs are skipped as done). Two launchers on one tuning thus split its runs."""
+    def busy(cfg: DictConfig) -> bool:
+        return defer_busy and _held_elsewhere(cfg, output_root)
+
     if not task.grid:   # no grid for this method: its fixed picks are its final run
+        if busy(task.fixed):
+            return DEFERRED
         _run(task.fixed, output_root, launch_dir)
         return None
+    points = grid_points(task.grid)
+    cfgs = [selection_config(task, spec, point, conf_dir) for point in points]
+    dirs: Dict[int, Optional[Path]] = {}
+    while len(dirs) < len(points):
+        free = [i for i in range(len(points)) if i not in dirs and not busy(cfgs[i])]
+        if not free:
+            return DEFERRED
+        dirs[free[0]] = _run(cfgs[free[0]], output_root, launch_dir)
     trials, best = [], None
-    for point in grid_points(task.grid):
-        cfg = selection_config(task, spec, point, conf_dir)
-        d = _run(cfg, output_root, launch_dir)
-        sc = scores_at(d, spec.at_round) if d else {"accuracy": None, "nll": None}
-        trials.append({"values": point, "run_id": compute_run_id(cfg), **sc})
+    for i, point in enumerate(points):   # scored in grid order, whoever trained each: ties go the same way
+        sc = scores_at(dirs[i], spec.at_round) if dirs[i] else {"accuracy": None, "nll": None}
+        trials.append({"values": point, "run_id": compute_run_id(cfgs[i]), **sc})
         if better(sc, best, spec.metric):
             best = {"values": point, **sc}
     if best is None:
@@ -180,6 +203,8 @@ def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
                  "val_metric": trials, "fixed_run_id": compute_run_id(task.fixed), "final_run_id": compute_run_id(final),
                  "final_config": OmegaConf.to_container(final, resolve=True)}
     write_json_atomic(selection_path(output_root, task.fixed, spec, task.grid), selection)
+    if busy(final):
+        return DEFERRED
     d = _run(final, output_root, launch_dir)
     # the chosen values reach the final run's record; a committed record (results/records) is never rewritten: it got
     # its tuning section before it was published
@@ -233,13 +258,27 @@ def run_tuning(overrides: Sequence[str], launch_dir: str, conf_dir: Path = CONF_
     print(f"tuning: {len(tasks)} (cell, method) task(s), {n_sel} selection run(s) on a {spec.val_fraction:g} "
           f"hold-out of the training data (seed {spec.val_seed}), {spec.metric} at round "
           f"{spec.at_round or 'last'}; then one final run each")
-    out = []
-    for t in tasks:
-        sel = tune_task(t, spec, root, launch_dir, conf_dir)
-        if sel:
+    chosen: Dict[int, Dict[str, Any]] = {}
+    later: List[int] = []
+
+    def tune(k: int, defer: bool) -> None:
+        t = tasks[k]
+        sel = tune_task(t, spec, root, launch_dir, conf_dir, defer_busy=defer)
+        if sel == DEFERRED:
+            print(f"fedbench: tuning {t.method} seed {t.fixed.seed}: its next run is being trained by another "
+                  "process; left for the end", file=sys.stderr, flush=True)
+            later.append(k)
+        elif sel:
             print(f"tuning: {t.method} seed {t.fixed.seed}: chosen {sel['chosen']}")
-            out.append(sel)
-    return out
+            chosen[k] = sel
+
+    # a second launcher on the same outputs (another terminal or core) splits the work: what one is training the
+    # other leaves for the end of its pass, then waits for it there (usually to find the record and skip it)
+    for k in range(len(tasks)):
+        tune(k, defer=True)
+    for k in list(later):
+        tune(k, defer=False)
+    return [chosen[k] for k in sorted(chosen)]
 
 
 def tuned_config(sub: DictConfig, cfg: DictConfig, output_root: Path) -> Tuple[Optional[DictConfig], Optional[Dict]]:
