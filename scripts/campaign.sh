@@ -169,6 +169,18 @@ step_fedlap_mnist_feddyn_bayes_admm() {   # gaps.md#fedlap-table3-feddyn: MNIST 
     run --name dynbadmm experiment=fedlap/figure1 profile=paper "$fig"
     table --name dynbadmm experiment=fedlap/figure1 profile=paper "$fig"
 }
+step_fedlap_table5_valnll_mnist() {   # gaps.md#fedlap-table5: the caption's "validation NLL" as a 20 % hold-out of the
+                                      # training set (session 26's Fashion-MNIST reading) on MNIST heterogeneous, where
+                                      # FedAvg and FedProx are the open cells; save_model: scripts/gaps/fedlap_val_vs_test_nll.py
+                                      # scores the same weights on test. Those two first, then FedLap and FedLap-Cov.
+    local open='aggregators=[fedavg,{name:fedprox,mu:${hp.prox},scale:sum}]'
+    local lap='aggregators=[{name:fedlap,delta:${hp.delta},rho:${hp.rho}},{name:fedlap_cov,delta:${hp.delta}}]'
+    local mhet=(profile=paper dataset=mnist partition=size_class_dirichlet num_clients=10 tuning_val.fraction=0.2)
+    run --name valnll_mnisthet experiment=fedlap/table5 "${mhet[@]}" save_model=true "$open"
+    run --name valnll_mnisthet experiment=fedlap/table5 "${mhet[@]}" save_model=true "$lap"
+    local both='aggregators=[fedavg,{name:fedprox,mu:${hp.prox},scale:sum},{name:fedlap,delta:${hp.delta},rho:${hp.rho}},{name:fedlap_cov,delta:${hp.delta}}]'
+    table --name valnll_mnisthet experiment=fedlap/table5 "${mhet[@]}" "$both"
+}
 appd2_whatif() {   # an App. D.2 what-if with FedDyn: name, profile, the aggregator list (measured against the delta = 0 MAP)
     local sweeps="table.sweeps=[{eval.map_reference:[0.0],aggregators:[\"[$3]\"]}]"
     run --name "$1" experiment=fedlap/appD2 profile="$2" "$sweeps"
@@ -523,12 +535,19 @@ step_fola_figure5() {            # lambda chosen on validation per N (tuning=on)
     done
     table experiment=fola/figure5 profile=paper tuning=on   # every N; a selection under way publishes its runs
 }
+step_fola_figure5_lambda1000() {   # gaps.md#fola-figure5: N = 100's hold-out chose lambda = 100 over 1000 by one sample of
+                                   # 12,000; FOLA at lambda = 1000 (no selection), 3 seeds, to see if the round-50 verdict
+                                   # depends on that tie-break
+    local fola='aggregators=[{name:fola,lambda_prior:${hp.fola_lambda},prior_grad:live,round_scaling:code,fisher:{mode:online,grad:minibatch_sq,normalize:none,gradient:task,chunk_size:256}}]'
+    run --name lambda1000 experiment=fola/figure5 profile=paper num_clients=100 hp.fola_lambda=1000.0 "$fola"
+    table --name lambda1000 experiment=fola/figure5 profile=paper num_clients=100 hp.fola_lambda=1000.0 "$fola"
+}
 
 STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4 fedlap_table1_fmnist fedlap_table1_fmnist_rawpixels fedfisher_fmnist fedfisher_figure1 fedlpa_table6_fmnist
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned fedlpa_table6_mnist_tuned fedlpa_table5_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short fedlpa_table10_tuned
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage fedlpa_table8_onestage
-       fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse)
+       fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse fedlap_table5_valnll_mnist fola_figure5_lambda1000)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list | --park" >&2
