@@ -28,7 +28,7 @@ from fedbench.fl.loop import run_rounds
 from fedbench.fl.resume import RoundCheckpoint
 from fedbench.models import MODELS, count_parameters
 from fedbench.partition import PARTITIONS
-from fedbench.results.claims import claim
+from fedbench.results.claims import ClaimHeld, claim
 from fedbench.results.loggers import make_logger
 from fedbench.results.records import (atomic_write_bytes, compute_run_id, identity_config, is_complete, read_record,
                                       records_dir, write_csv_atomic, write_json_atomic, write_torch_atomic)
@@ -138,19 +138,20 @@ def _git_dirty() -> Optional[bool]:
 
 
 def execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[str] = None,
-            memory_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+            memory_cache: Optional[Dict[str, Any]] = None, wait_for_claim: bool = True) -> Dict[str, Any]:
     """Run ``cfg`` and write ``metrics.json`` + ``history.csv`` into ``output_dir``; returns the record.
 
     A run without an ok record is claimed first (``<output_dir>/.claim``, fedbench/results/claims.py), so
     two processes never train it at once: the second waits, then ``_execute`` checks the record again and
-    returns the first one's ok record as a skip, or runs it itself if the first one failed or died."""
+    returns the first one's ok record as a skip, or runs it itself if the first one failed or died.
+    ``wait_for_claim=False`` (a sweep's first pass): raise ClaimHeld instead of waiting."""
 
     out, run_id = Path(output_dir), compute_run_id(cfg)
     if not cfg.get("force", False) and _finished_record(out / "metrics.json", run_id,
                                                         bool(cfg.get("save_model", False)), launch_dir):
         return _execute(cfg, output_dir, launch_dir=launch_dir)   # the skip: no claim needed
     try:
-        with claim(out / ".claim", f"run {run_id}"):
+        with claim(out / ".claim", f"run {run_id}", wait=wait_for_claim):
             return _execute(cfg, output_dir, launch_dir=launch_dir, memory_cache=memory_cache)
     finally:   # a run rejected before writing anything leaves no empty folder behind
         if out.is_dir() and not any(out.iterdir()):
@@ -370,22 +371,28 @@ def _save_model(out: Path, params, clients, mcfg: Dict[str, Any], data, run_id: 
     return saved
 
 
-def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, launch_dir: Optional[str] = None):
+def execute_all(cfg: DictConfig, output_dir: str | Path, conf_dir: Path, *, launch_dir: Optional[str] = None,
+                wait_for_claim: bool = True):
     """Run ``cfg``, or, when ``aggregators`` is a list, every aggregator on the same (cached) clients.
 
     Each aggregator succeeds or fails on its own: a failure is written as that aggregator's failed record
     (with its one-line reason), the others still run, and the job then raises one FedbenchError naming the failures.
+    ``wait_for_claim=False``: a run another process holds raises ClaimHeld while this call has trained nothing
+    (its skips are cheap to repeat); once it has, the rest waits its turn, as a retry would count the trained twice.
     """
     if not cfg.get("aggregators"):
-        return [execute(cfg, output_dir, launch_dir=launch_dir)]
+        return [execute(cfg, output_dir, launch_dir=launch_dir, wait_for_claim=wait_for_claim)]
     subs = validate_all(cfg, conf_dir)   # every bad entry is rejected before any of them trains
     root = Path(absolute_path(cfg.paths.output_root, launch_dir)) / "runs"
     records, failed = [], []
     memory = {} if not cfg.get("cache", True) else None   # cache=false: the list still trains its clients once
     for sub in subs:
         run_dir = root / compute_run_id(sub)
+        wait = wait_for_claim or any(not r.get("skipped") for r in records)
         try:
-            records.append(execute(sub, run_dir, launch_dir=launch_dir, memory_cache=memory))
+            records.append(execute(sub, run_dir, launch_dir=launch_dir, memory_cache=memory, wait_for_claim=wait))
+        except ClaimHeld:   # nothing trained yet: the caller hands the whole list back
+            raise
         except Exception as e:   # KeyboardInterrupt still ends the job
             reason = str(e) if isinstance(e, FedbenchError) else f"{type(e).__name__}: {e}"
             where = f" (traceback: {run_dir / TRACEBACK_FILE})" if (run_dir / TRACEBACK_FILE).is_file() else ""

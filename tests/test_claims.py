@@ -81,6 +81,19 @@ def test_second_claim_waits_for_the_first(tmp_path, capsys):
     assert "fedbench: job is claimed by" in capsys.readouterr().err
 
 
+def test_claim_without_wait_raises_claim_held_and_leaves_the_holder_alone(tmp_path):
+    path = tmp_path / "job.claim"
+    _foreign(path, socket.gethostname(), os.getppid())   # a live holder on this host
+    with pytest.raises(claims.ClaimHeld, match=rf"run abc is claimed by {socket.gethostname()} pid {os.getppid()} since "):
+        with claim(path, "run abc", wait=False):
+            pytest.fail("entered a claim another process holds")
+    assert holder(path)["token"] == "x" * 32   # untouched
+    path.unlink()
+    with claim(path, "run abc", wait=False) as c:   # free: taken as with wait
+        assert c is not None and holder(path)["token"] == c.token
+    assert not path.exists()
+
+
 def test_dead_pid_on_this_host_is_taken_over(tmp_path, capsys):
     path = tmp_path / "job.claim"
     _foreign(path, socket.gethostname(), _dead_pid())   # fresh heartbeat, but its process is gone

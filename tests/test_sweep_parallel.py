@@ -188,5 +188,116 @@ def test_a_second_launcher_runs_what_the_first_does_not_hold(tmp_path, monkeypat
     assert [read_record(first / "metrics.json")["status"], read_record(second / "metrics.json")["status"]] == ["ok", "ok"]
 
 
+def test_two_launchers_picking_one_run_at_once_the_second_moves_on(tmp_path, monkeypatch, capsys):
+    """The race busy_last cannot see: another launcher claims seed 0 just after this one's busy check said it was
+    free (both finished their previous run at the same moment). The claim itself then hands seed 0 to the end of the
+    sweep and seed 1 runs meanwhile; before, the second launcher waited out the first one's whole run."""
+    import threading
+    import time
+    from fedbench.launch.sweep import compose_run, run_dir
+    from fedbench.results.claims import claim
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(jobs, "claimed_elsewhere", lambda *a: False)   # the check ran before the other's claim
+    todo = [TINY + ["num_clients=2", f"seed={s}"] for s in (0, 1)]
+    first, second = (run_dir(compose_run(ovs), os.getcwd()) for ovs in todo)
+    held, seen = threading.Event(), {}
+
+    def other_launcher():
+        with claim(first / ".claim", "seed 0 elsewhere"):
+            held.set()
+            deadline = time.time() + 30
+            while not (second / "metrics.json").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            seen["second_done_while_held"] = (second / "metrics.json").exists()
+
+    t = threading.Thread(target=other_launcher)
+    t.start()
+    held.wait(10)
+    total = jobs.run_local(todo, os.getcwd(), jobs=1)
+    t.join()
+    assert seen["second_done_while_held"]
+    assert (total["ok"], total["failed"], total["skipped"]) == (2, 0, 0)   # seed 0 counted once, in the second pass
+    assert "is claimed by" in capsys.readouterr().err
+    assert [read_record(first / "metrics.json")["status"], read_record(second / "metrics.json")["status"]] == ["ok", "ok"]
+
+
+def test_a_group_goes_back_whole_and_the_second_pass_waits(monkeypatch):
+    """local_group: a busy first run hands back its whole share_epochs group; once a run of the group trained, the
+    rest waits (wait_for_claim=True). in_two_passes: busy groups rerun last, waiting, and count once."""
+    calls, busy = [], {"b1"}
+
+    def fake_job(ovs, launch_dir, env, wait):
+        calls.append((ovs[0], wait))
+        if ovs[0] in busy and not wait:
+            return parallel.busy_outcome()
+        return {"ok": 1, "failed": 0, "skipped": 0, "errors": []}
+    monkeypatch.setattr(jobs, "local_job", fake_job)
+    assert jobs.local_group([["b1"], ["b2"]], ".", None, False)["busy"]
+    assert calls == [("b1", False)]   # b2 not started: the group goes back whole
+    calls.clear()
+    busy = {"a2"}
+    assert jobs.local_group([["a1"], ["a2"]], ".", None, False)["ok"] == 2
+    assert calls == [("a1", False), ("a2", True)]   # a1 trained: a2 waits its turn
+    calls.clear()
+    busy = {"b1"}
+    groups = [[["a1"]], [["b1"], ["b2"]], [["c1"]]]
+    total = jobs.in_two_passes(iter(groups), lambda gs, wait: [jobs.local_group(g, ".", None, wait) for g in gs])
+    assert (total["ok"], total["failed"], total["skipped"]) == (4, 0, 0)
+    assert calls == [("a1", False), ("b1", False), ("c1", False), ("b1", True), ("b2", True)]
+
+
+def test_a_list_hands_itself_back_only_while_it_has_trained_nothing(tmp_path, monkeypatch):
+    """execute_all without waiting: the first aggregator held elsewhere raises ClaimHeld with nothing written; the
+    second held once the first has trained is waited for (a retry would count the first twice)."""
+    import threading
+    import time
+    from fedbench.config import CONF_DIR
+    from fedbench.config.aggregators import expand_aggregators
+    from fedbench.launch.sweep import compose_run, run_dir
+    from fedbench.results.claims import ClaimHeld, claim
+    from fedbench.runner import execute_all
+    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    cfg = compose_run(TINY + ["num_clients=2", "aggregators=[fedavg,fednova]"])
+    dirs = [run_dir(sub, os.getcwd()) for sub in expand_aggregators(cfg, CONF_DIR)]
+    held, done, released = threading.Event(), threading.Event(), {}
+
+    def hold_first():   # another thread: a claim this thread holds would be an error, not a wait
+        with claim(dirs[0] / ".claim", "fedavg elsewhere"):
+            held.set()
+            done.wait(30)
+
+    t = threading.Thread(target=hold_first)
+    t.start()
+    held.wait(10)
+    try:
+        with pytest.raises(ClaimHeld):
+            execute_all(cfg, run_dir(cfg, os.getcwd()), CONF_DIR, launch_dir=os.getcwd(), wait_for_claim=False)
+    finally:
+        done.set()
+        t.join()
+    assert not any((d / "metrics.json").exists() for d in dirs)
+    held.clear()
+
+    def hold_second():
+        with claim(dirs[1] / ".claim", "fednova elsewhere"):
+            held.set()
+            deadline = time.time() + 30
+            while not (dirs[0] / "metrics.json").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            released["at"] = time.time()
+
+    t = threading.Thread(target=hold_second)
+    t.start()
+    held.wait(10)
+    recs = execute_all(cfg, run_dir(cfg, os.getcwd()), CONF_DIR, launch_dir=os.getcwd(), wait_for_claim=False)
+    t.join()
+    assert [r["status"] for r in recs] == ["ok", "ok"] and not any(r.get("skipped") for r in recs)
+    assert read_record(dirs[1] / "metrics.json")["finished"] >= time.strftime("%Y-%m-%dT%H:%M:%S",
+                                                                                time.localtime(released["at"] - 1))
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -16,11 +16,11 @@ from fedbench.results.claims import is_held
 from fedbench.runner import execute_all
 
 
-def run_job_records(overrides: List[str], launch_dir: str) -> List[Dict]:
+def run_job_records(overrides: List[str], launch_dir: str, wait_for_claim: bool = True) -> List[Dict]:
     """Compose one run's config and execute it (every aggregator of a list); returns the records."""
     os.chdir(launch_dir)
     cfg = compose_run(overrides)
-    return execute_all(cfg, run_dir(cfg, launch_dir), CONF_DIR, launch_dir=launch_dir)
+    return execute_all(cfg, run_dir(cfg, launch_dir), CONF_DIR, launch_dir=launch_dir, wait_for_claim=wait_for_claim)
 
 
 def run_job(overrides: List[str], launch_dir: str) -> Dict:
@@ -29,9 +29,11 @@ def run_job(overrides: List[str], launch_dir: str) -> Dict:
     return {"run_ids": [r["run_id"] for r in recs], "status": [r["status"] for r in recs]}
 
 
-def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | None = None) -> Dict:
+def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | None = None,
+              wait_for_claim: bool = True) -> Dict:
     """One run of a local parallel sweep: its own threads, its own failure. ``env``: the launcher's
-    FEDBENCH_* variables (a reused joblib worker may have started under other ones)."""
+    FEDBENCH_* variables (a reused joblib worker may have started under other ones). ``wait_for_claim=False``:
+    a run another process holds gives a busy outcome (``parallel.busy_outcome``) instead of a wait."""
     if env is not None:
         for key in [k for k in os.environ if k.startswith("FEDBENCH_") and k not in env]:
             del os.environ[key]
@@ -45,12 +47,21 @@ def local_job(overrides: Sequence[str], launch_dir: str, env: Dict[str, str] | N
         return failed_outcome(label, str(e))
     except Exception as e:   # e.g. Hydra's composition error: one line, this job only
         return failed_outcome(label, f"{type(e).__name__}: {e}")
-    return run_isolated(lambda: run_job_records(overrides, launch_dir), label, threads, out)
+    return run_isolated(lambda: run_job_records(overrides, launch_dir, wait_for_claim), label, threads, out)
 
 
-def local_group(group: Sequence[Sequence[str]], launch_dir: str, env: Dict[str, str] | None = None) -> Dict:
-    """The runs of one stage group (``stage_groups``), one after another in this worker."""
-    return merge_outcomes(local_job(list(ovs), launch_dir, env) for ovs in group)
+def local_group(group: Sequence[Sequence[str]], launch_dir: str, env: Dict[str, str] | None = None,
+                wait_for_claim: bool = True) -> Dict:
+    """The runs of one stage group (``stage_groups``), one after another in this worker. A run another process
+    holds hands the whole group back (busy) while nothing of it has trained; after that, the rest waits its turn."""
+    outcomes = []
+    for ovs in group:
+        outcome = local_job(list(ovs), launch_dir, env, wait_for_claim)
+        if outcome.get("busy"):
+            return outcome
+        outcomes.append(outcome)
+        wait_for_claim = wait_for_claim or outcome["ok"] + outcome["failed"] > 0
+    return merge_outcomes(outcomes)
 
 
 def _epochs_of(ovs: Sequence[str]) -> str | None:
@@ -98,7 +109,7 @@ def local_slice(todo: Sequence[Sequence[str]], launch_dir: str) -> Dict:
     ``stage_groups``), one run after another. Returns the merged outcome with the run ids and statuses of every
     record (as ``run_job``)."""
     order = busy_last(list(stage_groups(todo)), lambda group: _group_claimed(group, launch_dir))
-    total = merge_outcomes(local_group(group, launch_dir) for group in order)
+    total = in_two_passes(order, lambda groups, wait: [local_group(g, launch_dir, None, wait) for g in groups])
     print(summary_line(total), flush=True)   # the last line of this task's log
     return {**total, "status": ["ok"] * total["ok"] + ["skipped"] * total["skipped"] + ["failed"] * total["failed"]}
 
@@ -111,8 +122,26 @@ def run_local(todo: Sequence[Sequence[str]], launch_dir: str, jobs: int) -> Dict
     env = {k: v for k, v in os.environ.items() if k.startswith("FEDBENCH_")}
     # a stage group (share_epochs' runs of one setting) is one task: one worker trains it once
     order = busy_last(stage_groups(todo), lambda group: _group_claimed(group, launch_dir))
-    outcomes = Parallel(n_jobs=n, backend="loky")(delayed(local_group)(group, launch_dir, env) for group in order)
-    return merge_outcomes(outcomes)
+    return in_two_passes(order, lambda groups, wait: Parallel(n_jobs=n, backend="loky")(
+        delayed(local_group)(g, launch_dir, env, wait) for g in groups))
+
+
+def in_two_passes(order: Iterable[Sequence], run_groups: Callable[[Iterable[Sequence], bool], List[Dict]]) -> Dict:
+    """Run ``order``'s groups (``run_groups(groups, wait_for_claim)``: their outcomes, in order) without waiting on
+    a claim, then those another process claimed between ``busy_last``'s check and their start (two launchers
+    finishing at one moment pick the same next run), waiting for them now, usually to find the other's ok record
+    and skip. Before, the second launcher waited out the first one's whole run while other runs were free."""
+    dispatched: List[Sequence] = []
+
+    def tracked() -> Iterator[Sequence]:   # lazy, as busy_last: what was handed out, in order
+        for group in order:
+            dispatched.append(group)
+            yield group
+
+    first = list(run_groups(tracked(), False))
+    later = [group for group, outcome in zip(dispatched, first) if outcome.get("busy")]
+    second = list(run_groups(later, True)) if later else []
+    return merge_outcomes([o for o in first if not o.get("busy")] + second)
 
 
 def _group_claimed(group: Sequence[Sequence[str]], launch_dir: str) -> bool:
@@ -122,8 +151,9 @@ def _group_claimed(group: Sequence[Sequence[str]], launch_dir: str) -> bool:
 def busy_last(todo: Iterable[Sequence], busy: Callable[[Sequence], bool]) -> Iterator[Sequence]:
     """``todo`` (runs, or groups of runs) in order, except that one ``busy`` says another process is training when
     its turn comes is put off to the end: two launchers on one sweep (two terminals, a second queue) then split it
-    instead of one waiting out the other's claim. A put-off run is tried last and then waits for the claim as before
-    (usually to find the other's ok record and skip). Lazy: joblib asks for a run when a worker is free."""
+    instead of one waiting out the other's claim. A put-off run is tried last (and, still held, waits in
+    ``in_two_passes``' second pass, usually to find the other's ok record and skip). Lazy: joblib asks for a run
+    when a worker is free."""
     later = []
     for item in todo:
         if busy(item):

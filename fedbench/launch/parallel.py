@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from fedbench.config.hardware import parse_num_threads
 from fedbench.errors import FedbenchError
+from fedbench.results.claims import ClaimHeld
 from fedbench.results.records import compute_run_id
 from fedbench.launch.sweep import compose_run
 
@@ -111,13 +112,17 @@ def run_isolated(execute: Callable[[], List[Dict]], label: str, num_threads=None
     torch's default, as on Slurm, where the task's CPUs are its own). ``execute`` returns run records
     (``execute_all``). A FedbenchError (bad config, before training) and any other exception become one
     ``fedbench: error: [label] ...`` line; the traceback of an unexpected exception goes to
-    ``output_dir/traceback.txt`` (the run's own failed record is written by execute)."""
+    ``output_dir/traceback.txt`` (the run's own failed record is written by execute). ClaimHeld (a first pass's
+    ``wait_for_claim=False``) gives ``busy_outcome()``."""
     try:
         if num_threads is not None:
             import torch
 
             torch.set_num_threads(threads_per_job(num_threads))
         records = execute()
+    except ClaimHeld as e:   # another launcher took the run after our busy check: it goes to the sweep's end
+        print(f"fedbench: [{label}] {e}; left for the end of this sweep", file=sys.stderr, flush=True)
+        return busy_outcome()
     except FedbenchError as e:
         return failed_outcome(label, str(e))
     except Exception as e:   # a bug or a numerical failure in training: this job only
@@ -130,6 +135,11 @@ def run_isolated(execute: Callable[[], List[Dict]], label: str, num_threads=None
             outcome["errors"].append(f"[{label}] run {rec.get('run_id')} {rec.get('status')}: {reason}")
             print(f"fedbench: error: {outcome['errors'][-1]}", file=sys.stderr, flush=True)
     return outcome
+
+
+def busy_outcome() -> Dict:
+    """A job handed back untried (``ClaimHeld``): counts nothing now, the sweep's second pass runs it."""
+    return {"ok": 0, "failed": 0, "skipped": 0, "errors": [], "busy": True}
 
 
 def failed_outcome(label: str, reason: str) -> Dict:

@@ -28,7 +28,7 @@ from fedbench.config.tuning import (TuningSpec, better, grid_points, method_grid
 from fedbench.config.aggregators import expand_runs
 from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import expand_sweep, is_finished
-from fedbench.results.claims import is_held
+from fedbench.results.claims import ClaimHeld, is_held
 from fedbench.results.records import (compute_run_id, find_record_dir, identity_config, read_record, tuning_store,
                                       write_json_atomic)
 from fedbench.runner import execute
@@ -150,11 +150,14 @@ def scores_at(run_dir: Path, at_round: Optional[int]) -> Dict[str, Optional[floa
     return {"accuracy": num("accuracy"), "nll": num("nll")}
 
 
-def _run(cfg: DictConfig, output_root: Path, launch_dir: str) -> Optional[Path]:
-    """Execute one run (skipped when its ok record exists); the folder of its record, or None if it failed."""
+def _run(cfg: DictConfig, output_root: Path, launch_dir: str, wait_for_claim: bool = True) -> Optional[Path] | str:
+    """Execute one run (skipped when its ok record exists); the folder of its record, or None if it failed, or
+    DEFERRED when another process claimed it after the busy check (``wait_for_claim=False``)."""
     rid = compute_run_id(cfg)
     try:
-        execute(cfg, output_root / "runs" / rid, launch_dir=launch_dir)
+        execute(cfg, output_root / "runs" / rid, launch_dir=launch_dir, wait_for_claim=wait_for_claim)
+    except ClaimHeld:
+        return DEFERRED
     except Exception as e:   # one failed grid point does not stop the tuning
         print(f"fedbench: error: tuning run {rid} ({cfg.algorithm.name}): {e}", file=sys.stderr)
     return find_record_dir(output_root, rid)
@@ -171,23 +174,29 @@ def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
 
     With ``defer_busy`` a run another process is training is left to it: the next free grid point goes first, and
     when nothing of the task is free the task returns ``DEFERRED`` (run_tuning comes back to it at the end, when
-    the other process's runs are skipped as done). Two launchers on one tuning thus split its runs."""
+    the other process's runs are skipped as done). Two launchers on one tuning thus split its runs. A run another
+    process claims between the busy check and its start (two launchers picking it at one moment) is passed over the
+    same way, found at its claim."""
     def busy(cfg: DictConfig) -> bool:
         return defer_busy and _held_elsewhere(cfg, output_root)
 
     if not task.grid:   # no grid for this method: its fixed picks are its final run
-        if busy(task.fixed):
+        if busy(task.fixed) or _run(task.fixed, output_root, launch_dir, not defer_busy) == DEFERRED:
             return DEFERRED
-        _run(task.fixed, output_root, launch_dir)
         return None
     points = grid_points(task.grid)
     cfgs = [selection_config(task, spec, point, conf_dir) for point in points]
     dirs: Dict[int, Optional[Path]] = {}
+    taken = set()   # claimed by another process when their turn came
     while len(dirs) < len(points):
-        free = [i for i in range(len(points)) if i not in dirs and not busy(cfgs[i])]
+        free = [i for i in range(len(points)) if i not in dirs and i not in taken and not busy(cfgs[i])]
         if not free:
             return DEFERRED
-        dirs[free[0]] = _run(cfgs[free[0]], output_root, launch_dir)
+        d = _run(cfgs[free[0]], output_root, launch_dir, not defer_busy)
+        if d == DEFERRED:
+            taken.add(free[0])
+        else:
+            dirs[free[0]] = d
     trials, best = [], None
     for i, point in enumerate(points):   # scored in grid order, whoever trained each: ties go the same way
         sc = scores_at(dirs[i], spec.at_round) if dirs[i] else {"accuracy": None, "nll": None}
@@ -205,7 +214,9 @@ def tune_task(task: Task, spec: TuningSpec, output_root: Path, launch_dir: str,
     write_json_atomic(selection_path(output_root, task.fixed, spec, task.grid), selection)
     if busy(final):
         return DEFERRED
-    d = _run(final, output_root, launch_dir)
+    d = _run(final, output_root, launch_dir, not defer_busy)
+    if d == DEFERRED:
+        return DEFERRED
     # the chosen values reach the final run's record; a committed record (results/records) is never rewritten: it got
     # its tuning section before it was published
     if d is not None and Path(d).resolve().is_relative_to(Path(output_root).resolve()):

@@ -31,6 +31,10 @@ UNREADABLE_GRACE_S = 10.0   # a claim file with no readable holder (killed while
 TAKEOVER_GRACE_S = 30.0     # the short lock around a takeover is stale after this
 
 
+class ClaimHeld(Exception):
+    """``claim(..., wait=False)`` met a live holder: the caller puts the work off (a sweep hands the run to its end)."""
+
+
 @dataclass
 class Claim:
     path: Path
@@ -57,19 +61,25 @@ def claim_timeout() -> float:
 
 @contextlib.contextmanager
 def claim(path: str | os.PathLike, what: str, *, timeout_s: Optional[float] = None,
-          poll_s: float = 1.0) -> Iterator[Optional[Claim]]:
-    """Hold the claim at ``path`` for the block; wait while a live holder has it. Yields the
-    :class:`Claim`, or None when the folder cannot take a claim file (read-only: no one else can write there)."""
+          poll_s: float = 1.0, wait: bool = True) -> Iterator[Optional[Claim]]:
+    """Hold the claim at ``path`` for the block; wait while a live holder has it (``wait=False``: raise
+    :class:`ClaimHeld` instead). Yields the :class:`Claim`, or None when the folder cannot take a claim file
+    (read-only: no one else can write there)."""
     path = Path(path)
     timeout_s = claim_timeout() if timeout_s is None else float(timeout_s)
     if _held_by_this_thread(path):   # waiting on ourselves would never end
         raise RuntimeError(f"claim {path} is already held by this thread")
     try:
-        c = acquire(path, what, timeout_s=timeout_s, poll_s=poll_s, wait=True)
+        c = acquire(path, what, timeout_s=timeout_s, poll_s=poll_s, wait=wait)
     except OSError as e:   # e.g. a read-only folder: nothing can be written there by anyone
         print(f"fedbench: WARNING: cannot claim {what} at {path} ({type(e).__name__}); going on unclaimed",
               file=sys.stderr)
         c = None
+    else:
+        if c is None:
+            info = holder(path) or {}
+            raise ClaimHeld(f"{what} is claimed by {info.get('host', 'another process')} pid {info.get('pid', '?')} "
+                            f"since {info.get('started', '?')}")
     try:
         yield c
     finally:
