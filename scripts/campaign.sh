@@ -485,6 +485,16 @@ step_fedlpa_table8_onestage() {  # Table 8 (100 local epochs) on MNIST and FMNIS
     fedlpa_onestage table8 mnist fmnist
 }
 
+step_fedlpa_tables1_3_fmnist() { # Table 1's FMNIST row (200 local epochs, 9 partitions x 3 seeds, the methods of one shared
+                                 # stage; FedProx's four mu and DENSE left out) and Table 3 (FedLPA at lambda 0.01 / 0.001 /
+                                 # 0.0001) in one list: Table 3's runs are Table 1's settings (same run ids), so each
+                                 # (partition, seed) trains its 200-epoch stage once; about 30-45 CPU min a run here
+    run experiment=fedlpa/table1 profile=paper dataset=fmnist "${FEDLPA_CG_ONESTAGE%]},{name:fedlpa,damping:0.01},{name:fedlpa,damping:0.0001}]"
+    table experiment=fedlpa/table1 profile=paper
+    table --name cg experiment=fedlpa/table1 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
+    table experiment=fedlpa/table3 profile=paper
+}
+
 step_fola_figures10_12() {       # §IV-E softmax-regression study (MNIST, 2 clients): Figs. 10-11 (one study run: 7
                                  # methods x 10 rounds, the exact 7850-parameter Hessian on every local step of the online
                                  # styles) and Fig. 12 (alpha 0.1, 1, 10: 15 rounds, then the round-16 LF clients)
@@ -547,7 +557,8 @@ STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4
        fedbens_table1_fmnist fedbens_tables567_fmnist fedlpa_table5_fmnist fedlpa_table5_fmnist_bestof fedlpa_table6_mnist fedlpa_table6_mnist_bestof fedlpa_table5_mnist fedlap_table1_mnist fedlap_figure1 fedlpa_table6_fmnist_tuned fedlpa_table6_mnist_tuned fedlpa_table5_tuned
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short fedlpa_table10_tuned
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage fedlpa_table8_onestage
-       fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse fedlap_table5_valnll_mnist fola_figure5_lambda1000)
+       fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse fedlap_table5_valnll_mnist fola_figure5_lambda1000
+       fedlpa_tables1_3_fmnist)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list | --park" >&2
