@@ -229,3 +229,71 @@ def test_bad_memory_format():
     model = TinyCNN()
     with pytest.raises(FedbenchError, match="memory format"):
         train_clients(model, _data(), _clients(), _start(model), LocalTrainConfig(), memory_format="nhwc")
+
+
+class _Killer:
+    """A progress bar that ends the process's training (as a session's end would) after ``after`` trained epochs,
+    and counts the epochs trained (update(1)) apart from the clients taken from the store (update(epochs))."""
+
+    def __init__(self, after=None):
+        self.after, self.trained, self.restored = after, 0, 0
+
+    def update(self, n):
+        if n != 1:
+            self.restored += 1
+            return
+        self.trained += 1
+        if self.after is not None and self.trained >= self.after:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_killed_stage_goes_on_from_its_finished_clients_bit_for_bit(tmp_path, channels_last):
+    """train_clients(finished=...): killed in the third client, the successor takes clients 0-1 from the store and
+    trains only client 2; weights, steps, losses and the snapshots equal one uninterrupted training's bit for bit."""
+    from fedbench.fl.cache import ClientProgress
+    torch.manual_seed(0)
+    model = TinyCNN()
+    cfg = LocalTrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-3, batch_size=8, epochs=3)
+    data, clients = _data(), _clients()
+    kw = dict(seed=3, round_idx=1, snapshot_epochs=[1], memory_format="channels_last" if channels_last else "contiguous")
+    ref = train_clients(model, data, clients, _start(model), cfg, **kw)
+    store = tmp_path / "stage.clients"
+    with pytest.raises(KeyboardInterrupt):
+        train_clients(model, data, clients, _start(model), cfg, progress=_Killer(after=2 * cfg.epochs + 1),
+                      finished=ClientProgress(store), **kw)
+    assert sorted(p.name for p in store.glob("*.pt")) == ["0.pt", "1.pt"]
+    bar = _Killer()
+    out = train_clients(model, data, clients, _start(model), cfg, progress=bar, finished=ClientProgress(store), **kw)
+    assert (bar.restored, bar.trained) == (2, cfg.epochs)   # only the third client trained again
+    assert out.steps == ref.steps and out.mean_loss == ref.mean_loss
+    for got, want in zip(out.params + out.snapshots[1].params, ref.params + ref.snapshots[1].params):
+        assert all(torch.equal(got[n], want[n]) for n in want)
+    assert out.snapshots[1].steps == ref.snapshots[1].steps and out.snapshots[1].mean_loss == ref.snapshots[1].mean_loss
+    # a store made with another setting (here another seed) is not used: every client trains again
+    bar = _Killer()
+    train_clients(model, data, clients, _start(model), cfg, progress=bar, finished=ClientProgress(store),
+                  **{**kw, "seed": 4})
+    assert (bar.restored, bar.trained) == (0, 3 * cfg.epochs)
+
+
+def test_the_store_is_not_used_with_hooks_or_dropout(tmp_path):
+    """Step hooks keep per-client state, dropout draws from the global generator: a client taken from the store
+    would change what follows, so neither writes to it."""
+    from fedbench.fl.cache import ClientProgress
+    torch.manual_seed(0)
+    cfg = LocalTrainConfig(optimizer="sgd", lr=0.05, batch_size=8, epochs=1)
+    data, clients = _data(), _clients()
+    dropout = nn.Sequential(TinyCNN(), nn.Dropout(0.5))
+    train_clients(dropout, data, clients, _start(dropout), cfg, finished=ClientProgress(tmp_path / "a"))
+    assert not (tmp_path / "a").exists()
+
+    class Hook:
+        def after_step(self, client_ids):
+            return None
+    model = TinyCNN()
+    train_clients(model, data, clients, _start(model), cfg, objective=LocalObjective(step_hooks=[Hook()]),
+                  finished=ClientProgress(tmp_path / "b"))
+    assert not (tmp_path / "b").exists()
+    train_clients(model, data, clients, _start(model), cfg, finished=ClientProgress(tmp_path / "c"))
+    assert len(list((tmp_path / "c").glob("*.pt"))) == 3

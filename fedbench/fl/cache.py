@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -133,6 +134,7 @@ class ClientStageCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        ClientProgress(path.with_suffix(".clients")).clear()   # the finished clients of its computation, if any
         if self.max_bytes is not None:   # scan the directory only when the tally says the budget may be exceeded
             size = path.stat().st_size
             if self._bytes is None or self._bytes + size > self.max_bytes:
@@ -172,6 +174,11 @@ class ClientStageCache:
                   file=sys.stderr)
         return removed
 
+    def client_progress(self, parts: Dict[str, Any]) -> Optional["ClientProgress"]:
+        """The store of the clients finished so far while the entry for ``parts`` is computed (on disk only; the
+        computing process holds the entry's claim); ``save`` of the entry removes it."""
+        return None if self.root is None else ClientProgress(self.path(cache_key(parts)).with_suffix(".clients"))
+
     def get_or_compute(self, parts: Dict[str, Any], compute: Callable[[], Dict[str, Any]],
                        device: Optional[torch.device] = None, fingerprint: Optional[str] = None) -> Dict[str, Any]:
         hit = self.load(parts, fingerprint)
@@ -196,6 +203,52 @@ class ClientStageCache:
         payload = compute()
         self.save(parts, _to(payload, torch.device("cpu")), seconds=time.perf_counter() - t0, fingerprint=fingerprint)
         return payload
+
+
+class ClientProgress:
+    """A client stage's finished clients while it trains (``<entry>.clients/<i>.pt``), so that a process killed in a
+    long stage (200 local epochs of ten clients) leaves its successor only the clients still missing
+    (``train_clients(finished=...)``). Each file records what its client was trained with (``header``); one that
+    does not match, or does not load, is ignored and trained again."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.resumed = False
+
+    def load(self, i: int, header: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        path = self.folder / f"{i}.pt"
+        try:
+            entry = torch.load(path, map_location="cpu", weights_only=False)
+        except FileNotFoundError:
+            return None
+        except Exception as e:   # torn or foreign: train the client again
+            print(f"fedbench: WARNING: finished client {path} does not load ({type(e).__name__}); training it again",
+                  file=sys.stderr)
+            return None
+        if not isinstance(entry, dict) or entry.get("header") != header or entry.get("sha256") != \
+                payload_sha256(entry.get("client")):
+            return None
+        if not self.resumed:   # once per stage
+            print(f"fedbench: client stage resumes: the clients that finished before are taken from {self.folder}",
+                  file=sys.stderr, flush=True)
+            self.resumed = True
+        return entry["client"]
+
+    def save(self, i: int, header: Dict[str, Any], client: Dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        client = _to(client, torch.device("cpu"))
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{i}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save({"header": header, "client": client, "sha256": payload_sha256(client)}, tmp)
+            os.replace(tmp, self.folder / f"{i}.pt")
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _touch(path: Path) -> None:

@@ -159,7 +159,7 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
     epochs = setup.local.epochs
     n_mem = int(algo.num_members(r))
 
-    def train(m: int = 0, local: Optional[LocalTrainConfig] = None, snapshots=()):
+    def train(m: int = 0, local: Optional[LocalTrainConfig] = None, snapshots=(), finished=None):
         # member 0 = the plain training; member m >= 1: the algorithm's m-th start, own shuffling seed
         own = algo.local_train(state, ids, r, setup.seed, bar) if m == 0 else None
         if own is not None:   # the method trains its own clients (e.g. FedOV)
@@ -170,7 +170,7 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
                              seed=setup.seed if m == 0 else member_seed(setup.seed, m),
                              round_idx=r, client_ids=ids, backend=setup.backend,
                              conv_strategy=setup.conv_strategy, memory_format=setup.memory_format,
-                             progress=bar, snapshot_epochs=snapshots)
+                             progress=bar, snapshot_epochs=snapshots, finished=finished)
 
     stage_key = algo.client_stage_key(r)
     cacheable = (setup.cache is not None and setup.cache.enabled and setup.stage_parts is not None
@@ -197,7 +197,9 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
                 return {**k, "member": algo.member_key(m)} if m > 0 else k
 
             def compute() -> Dict[str, Any]:
-                trained = _train_epochs(setup, train, m, epochs, shared, bar)
+                # the clients finished so far, on disk: a killed stage goes on from them (saving the entry clears it)
+                finished = setup.cache.client_progress(key(epochs))
+                trained = _train_epochs(setup, train, m, epochs, shared, bar, finished)
                 for e, res in trained.items():
                     payload = _result_payload(res)
                     if e != epochs and not setup.cache.contains(key(e)):
@@ -216,14 +218,15 @@ def train_round(setup: FLSetup, algo: Algorithm, state: Dict[str, Any], ids: Lis
     return results, cached, stage
 
 
-def _train_epochs(setup: FLSetup, train, m: int, epochs: int, shared: List[int], bar) -> Dict[int, TrainResult]:
+def _train_epochs(setup: FLSetup, train, m: int, epochs: int, shared: List[int], bar,
+                  finished=None) -> Dict[int, TrainResult]:
     """Member m's training, as {E: result} for every E in ``shared`` (``share_epochs``, else just this run's E):
     max(shared) epochs once, the shorter ones its snapshots (bit for bit their own trainings)."""
     last = max(shared)
     if last == epochs and len(shared) == 1:
-        return {epochs: train(m)}
+        return {epochs: train(m, finished=finished)}
     bar.total += (last - epochs) * setup.num_clients
-    res = train(m, dataclasses.replace(setup.local, epochs=last), [e for e in shared if e < last])
+    res = train(m, dataclasses.replace(setup.local, epochs=last), [e for e in shared if e < last], finished)
     return {e: res if e == last else res.snapshots[e] for e in shared}
 
 

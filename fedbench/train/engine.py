@@ -124,7 +124,7 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
                   objective: Optional[LocalObjective] = None, seed: int = 0, round_idx: int = 0,
                   client_ids: Optional[Sequence[int]] = None, backend: str = "serial",
                   conv_strategy: str | dict = "auto", memory_format: str = "contiguous",
-                  progress=None, snapshot_epochs: Sequence[int] = ()) -> TrainResult:
+                  progress=None, snapshot_epochs: Sequence[int] = (), finished=None) -> TrainResult:
     """Train each client from ``start`` (one shared dict or one per client) for local.epochs.
 
     snapshot_epochs: epochs e < local.epochs after which the clients' state is also kept, as
@@ -135,6 +135,11 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
     memory_format (serial backend): "channels_last" runs the worker's convolutions on NHWC tensors,
     1.1-1.8x faster LeNet / SimpleCNN steps on one CPU thread of a loaded 2-core machine
     (scripts/bench_throughput.py); other convolution kernels, so weights agree with "contiguous" to float rounding, not bit for bit.
+
+    finished (serial backend, no step hooks): a store of the clients done so far (``fl.cache.ClientProgress``: ``load(i,
+    header)``, ``save(i, header, client)``). A client found there is not trained again, so a killed process's successor
+    goes on from the last finished client: each client draws from its own generator, so the result is bit for bit that
+    of one uninterrupted training. Not used with step hooks or dropout (state the store does not hold).
     """
     if backend not in BACKENDS:
         raise FedbenchError(f"unknown training backend '{backend}'; choose one of {BACKENDS}")
@@ -155,11 +160,11 @@ def train_clients(model: nn.Module, data: TrainData, client_indices: Sequence[Te
         return TrainResult(params, [0] * k, [float("nan")] * k, time.perf_counter() - t0)
     if backend == "serial":
         out = _train_serial(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
-                            memory_format == "channels_last", progress, snaps)
+                            memory_format == "channels_last", progress, snaps, finished)
     else:
         out = _train_batched(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
                              conv_strategy, progress, snaps)
-    out.seconds = time.perf_counter() - t0
+    out.seconds += time.perf_counter() - t0   # plus what the clients taken from ``finished`` cost
     return out
 
 
@@ -218,7 +223,7 @@ def _channels_last(x: Tensor) -> Tensor:
 
 
 def _train_serial(model, data, client_indices, starts, local, objective, seed, round_idx, client_ids,
-                  channels_last, progress, snaps=()) -> TrainResult:
+                  channels_last, progress, snaps=(), finished=None) -> TrainResult:
     worker = copy.deepcopy(model)
     if channels_last:   # copy_ below keeps each parameter's NHWC layout
         worker = worker.to(memory_format=torch.channels_last)
@@ -227,20 +232,43 @@ def _train_serial(model, data, client_indices, starts, local, objective, seed, r
     # a hook that reads the engine's own forward pass (FOLA's per-sample squares) taps the worker: the backward then
     # keeps the pass's graph for it
     taps = [t for t in (h.watch(worker) for h in backward_hooks if hasattr(h, "watch")) if t is not None]
+    # hooks keep per-client state the store does not hold; dropout draws from the global generator, which a client
+    # taken from the store would not advance for the next ones
+    if objective.step_hooks or any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in worker.modules()):
+        finished = None
     try:
         return _train_serial_loop(worker, named, backward_hooks, step_hooks, bool(taps), data, client_indices, starts,
-                                  local, objective, seed, round_idx, client_ids, channels_last, progress, snaps)
+                                  local, objective, seed, round_idx, client_ids, channels_last, progress, snaps,
+                                  finished)
     finally:
         for t in taps:
             t.remove()
 
 
 def _train_serial_loop(worker, named, backward_hooks, step_hooks, keep_graph, data, client_indices, starts, local,
-                       objective, seed, round_idx, client_ids, channels_last, progress, snaps) -> TrainResult:
+                       objective, seed, round_idx, client_ids, channels_last, progress, snaps,
+                       finished=None) -> TrainResult:
     results, steps, losses, outputs = [], [], [], []
     # per snapshot epoch: the clients' weights, steps, last-epoch losses, seconds and hook outputs
     at = {e: ([], [], [], [], []) for e in snaps}
+    restored_s = 0.0
     for i, (idx_all, st) in enumerate(zip(client_indices, starts)):
+        # what a stored client must have been trained with (its start is the stage's, which names the store)
+        header = {"client_id": int(client_ids[i]), "seed": int(seed), "round": int(round_idx), "epochs": local.epochs,
+                  "snapshots": list(snaps), "channels_last": bool(channels_last)}
+        done = finished.load(i, header) if finished is not None else None
+        if done is not None:
+            results.append(done["params"])
+            steps.append(done["steps"])
+            losses.append(done["loss"])
+            outputs.append({})
+            for e in snaps:
+                for column, value in zip(at[e], (*done["snapshots"][e], {})):
+                    column.append(value)
+            restored_s += done["seconds"]
+            if progress is not None:
+                progress.update(local.epochs)
+            continue
         t_client = time.perf_counter()
         with torch.no_grad():
             for n, p in named.items():
@@ -290,8 +318,12 @@ def _train_serial_loop(worker, named, backward_hooks, step_hooks, keep_graph, da
         steps.append(n_steps)
         losses.append(_mean_loss(last_epoch_loss))
         outputs.append(_hook_outputs(objective, client_ids[i]))
+        if finished is not None:
+            finished.save(i, header, {"params": results[-1], "steps": n_steps, "loss": losses[-1],
+                                      "seconds": time.perf_counter() - t_client,
+                                      "snapshots": {e: tuple(column[-1] for column in at[e][:4]) for e in snaps}})
     snapshots = {e: TrainResult(p_e, s_e, l_e, sum(t_e), _extras(o_e)) for e, (p_e, s_e, l_e, t_e, o_e) in at.items()}
-    return TrainResult(results, steps, losses, 0.0, _extras(outputs), snapshots)
+    return TrainResult(results, steps, losses, restored_s, _extras(outputs), snapshots)
 
 
 def _after_backward_serial(hooks: list, client_id: int, named: Dict[str, nn.Parameter], x: Tensor, y: Tensor) -> None:
