@@ -159,3 +159,37 @@ def test_a_stage_killed_after_a_client_goes_on_from_it_through_the_cache(tmp_pat
     fresh, _ = _run(other, {"name": "fedavg"})
     for n in fresh["params"]:
         assert torch.equal(resumed["params"][n], fresh["params"][n])
+
+
+def test_a_parked_stage_goes_on_on_a_fresh_machine(tmp_path, monkeypatch, capsys):
+    """The session ends after client 0 of a stage; park_stages copies its finished client into the committed store;
+    a fresh machine (an empty cache) takes client 0 from there and trains the rest, bit for bit one training; parking
+    there removes the parked stage, whose entry now exists."""
+    import pytest
+    from fedbench.fl import cache as cache_mod
+
+    store = tmp_path / "checkpoints"
+    monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(store))
+    old = _cached_setup(tmp_path / "old")
+    real_save = cache_mod.ClientProgress.save
+
+    def save_then_die(self, i, header, client):
+        real_save(self, i, header, client)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cache_mod.ClientProgress, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        _run(old, {"name": "fedavg"})
+    monkeypatch.setattr(cache_mod.ClientProgress, "save", real_save)
+    done = cache_mod.park_stages(tmp_path / "old" / "cache", store)
+    (key,) = [p.name for p in (store / "stages").iterdir()]
+    assert done == {"parked": [f"{key} (1 client(s))"], "removed": []}
+    new = _cached_setup(tmp_path / "new")
+    new.model.load_state_dict(old.model.state_dict())
+    resumed, _ = _run(new, {"name": "fedavg"})
+    assert "client stage resumes" in capsys.readouterr().err
+    fresh_setup = _setup()
+    fresh_setup.model.load_state_dict(old.model.state_dict())
+    fresh, _ = _run(fresh_setup, {"name": "fedavg"})
+    assert all(torch.equal(resumed["params"][n], fresh["params"][n]) for n in fresh["params"])
+    assert cache_mod.park_stages(tmp_path / "new" / "cache", store) == {"parked": [], "removed": [key]}
+    assert not (store / "stages" / key).exists()

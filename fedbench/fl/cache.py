@@ -27,9 +27,11 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from fedbench.checksums import payload_sha256
+from fedbench.fl.resume import parked_store
 from fedbench.results.claims import claim
 
 CACHE_VERSION = 1   # bump when what a cached stage means changes
+STAGES_DIR = "stages"   # in the parked store (results/checkpoints): unfinished stages' clients, scripts/park_checkpoints.py
 
 
 def cache_key(parts: Dict[str, Any]) -> str:
@@ -215,8 +217,15 @@ class ClientProgress:
         self.folder = Path(folder)
         self.resumed = False
 
+    @property
+    def key(self) -> str:
+        return self.folder.name.removesuffix(".clients")
+
     def load(self, i: int, header: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         path = self.folder / f"{i}.pt"
+        parked = parked_store() / STAGES_DIR / self.key / f"{i}.pt"
+        if not path.exists() and parked.is_file():   # parked by a session that ended on another machine
+            path = parked
         try:
             entry = torch.load(path, map_location="cpu", weights_only=False)
         except FileNotFoundError:
@@ -249,6 +258,30 @@ class ClientProgress:
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def park_stages(cache_root: Path, store: Path) -> Dict[str, list]:
+    """Copy every unfinished stage's finished clients (``<cache_root>/*/<key>.clients/``) into
+    ``<store>/stages/<key>/``, where a fresh machine's ``ClientProgress`` finds them, and remove the parked stages whose
+    cache entry now exists here (finished). Returns {"parked": ["<key> (n clients)", ...], "removed": [key, ...]}."""
+    done: Dict[str, list] = {"parked": [], "removed": []}
+    parked_root = Path(store) / STAGES_DIR
+    for folder in sorted(Path(cache_root).glob("*/*.clients")):
+        files = sorted(folder.glob("*.pt"))
+        if not files:
+            continue
+        target = parked_root / ClientProgress(folder).key
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            tmp = target / f".{f.name}.part"
+            shutil.copyfile(f, tmp)
+            tmp.replace(target / f.name)
+        done["parked"].append(f"{target.name} ({len(files)} client(s))")
+    for target in sorted(parked_root.iterdir()) if parked_root.is_dir() else []:
+        if (Path(cache_root) / target.name[:2] / f"{target.name}.pt").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            done["removed"].append(target.name)
+    return done
 
 
 def _touch(path: Path) -> None:
