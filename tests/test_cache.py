@@ -131,26 +131,32 @@ def test_budget_evicts_least_recently_used_entries(tmp_path, capsys):
     assert [k for k in range(6) if c.path(cache_key({"k": k})).exists()] == [5]
 
 
-def test_a_stage_killed_after_a_client_goes_on_from_it_through_the_cache(tmp_path, monkeypatch, capsys):
-    """The process dies after the first client of the stage finished (as at a session's end in a 200-epoch stage):
-    the next run of the same stage trains only the others, stores the entry, removes the finished clients' folder,
-    and its weights equal an uninterrupted training's bit for bit."""
-    import pytest
+def _die_after_the_first_client(monkeypatch):
+    """The process is killed just after the stage's first client is stored (a session's end in a long stage)."""
     from fedbench.fl import cache as cache_mod
-
-    s = _cached_setup(tmp_path)
-    assert len(s.client_indices) >= 2
     real_save = cache_mod.ClientProgress.save
 
     def save_then_die(self, i, header, client):
         real_save(self, i, header, client)
         raise KeyboardInterrupt
     monkeypatch.setattr(cache_mod.ClientProgress, "save", save_then_die)
+    return lambda: monkeypatch.setattr(cache_mod.ClientProgress, "save", real_save)
+
+
+def test_a_stage_killed_after_a_client_goes_on_from_it_through_the_cache(tmp_path, monkeypatch, capsys):
+    """The process dies after the first client of the stage finished (as at a session's end in a 200-epoch stage):
+    the next run of the same stage trains only the others, stores the entry, removes the finished clients' folder,
+    and its weights equal an uninterrupted training's bit for bit."""
+    import pytest
+
+    s = _cached_setup(tmp_path)
+    assert len(s.client_indices) >= 2
+    revive = _die_after_the_first_client(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         _run(s, {"name": "fedavg"})
     (folder,) = (tmp_path / "cache").glob("*/*.clients")
     assert [p.name for p in folder.glob("*.pt")] == ["0.pt"]
-    monkeypatch.setattr(cache_mod.ClientProgress, "save", real_save)
+    revive()
     resumed, logs = _run(s, {"name": "fedavg"})
     assert "client stage resumes" in capsys.readouterr().err and not logs[0].cached_clients
     assert not folder.exists() and len(list((tmp_path / "cache").glob("*/*.pt"))) == 1   # the entry alone
@@ -171,15 +177,10 @@ def test_a_parked_stage_goes_on_on_a_fresh_machine(tmp_path, monkeypatch, capsys
     store = tmp_path / "checkpoints"
     monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(store))
     old = _cached_setup(tmp_path / "old")
-    real_save = cache_mod.ClientProgress.save
-
-    def save_then_die(self, i, header, client):
-        real_save(self, i, header, client)
-        raise KeyboardInterrupt
-    monkeypatch.setattr(cache_mod.ClientProgress, "save", save_then_die)
+    revive = _die_after_the_first_client(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         _run(old, {"name": "fedavg"})
-    monkeypatch.setattr(cache_mod.ClientProgress, "save", real_save)
+    revive()
     done = cache_mod.park_stages(tmp_path / "old" / "cache", store)
     (key,) = [p.name for p in (store / "stages").iterdir()]
     assert done == {"parked": [f"{key} (1 client(s))"], "removed": []}

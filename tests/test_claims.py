@@ -1,5 +1,6 @@
 """Claims on work (fedbench/results/claims.py): one holder at a time, waiting, release on exceptions,
 takeover of a dead or silent holder; two processes on one run or one client stage train it once."""
+import contextlib
 import json
 import os
 import socket
@@ -17,6 +18,34 @@ from fedbench.results import claims
 from fedbench.results.claims import acquire, claim, holder, release
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def claimed_in_another_thread(path: Path, what: str, until=lambda: False, linger_s: float = 0.0,
+                              timeout_s: float = 30.0):
+    """Another launcher, as a thread of this process (a claim this thread held would be an error, not a wait):
+    holds the claim at ``path`` from entry until ``until()`` is true (then ``linger_s`` more), the block ends, or
+    ``timeout_s``. Yields a dict: ``until_met`` (whether ``until`` came true while held), ``released_at``."""
+    held, done, seen = threading.Event(), threading.Event(), {}
+
+    def hold():
+        with claim(path, what):
+            held.set()
+            deadline = time.time() + timeout_s
+            while not until() and not done.is_set() and time.time() < deadline:
+                time.sleep(0.05)
+            seen["until_met"] = until()
+            time.sleep(linger_s if seen["until_met"] else 0.0)
+            seen["released_at"] = time.time()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        yield seen
+    finally:
+        done.set()
+        t.join()
 
 
 def _foreign(path: Path, host: str, pid: int, age_s: float = 0.0) -> None:

@@ -158,67 +158,27 @@ def test_stage_groups_keep_a_share_epochs_setting_on_one_worker(capsys):
     assert "(and 1 run(s) sharing its training) is being run by another process" in capsys.readouterr().err
 
 
-def test_a_second_launcher_runs_what_the_first_does_not_hold(tmp_path, monkeypatch):
-    """Another process holds seed 0's claim until seed 1 is done: the sweep runs seed 1 first instead of
-    waiting (before, it waited out the holder, which here would only let go after its 60 s patience)."""
-    import threading
-    import time
+@pytest.mark.parametrize("checked_before_the_claim", [False, True])
+def test_a_second_launcher_runs_what_the_first_holds_last(tmp_path, monkeypatch, capsys, checked_before_the_claim):
+    """Another process holds seed 0's claim until seed 1 is done: the sweep runs seed 1 first instead of waiting out
+    the holder. Either busy_last sees the claim, or (checked_before_the_claim: the race busy_last cannot see, both
+    launchers having finished their previous run at one moment, the other claiming just after this one's check) the
+    claim itself hands seed 0 to the sweep's second pass. Before, the second case waited out the other's whole run."""
     from fedbench.launch.sweep import compose_run, run_dir
-    from fedbench.results.claims import claim
+    from tests.test_claims import claimed_in_another_thread
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
+    if checked_before_the_claim:
+        monkeypatch.setattr(jobs, "claimed_elsewhere", lambda *a: False)
     todo = [TINY + ["num_clients=2", f"seed={s}"] for s in (0, 1)]
     first, second = (run_dir(compose_run(ovs), os.getcwd()) for ovs in todo)
-    held, seen = threading.Event(), {}
-
-    def other_launcher():
-        with claim(first / ".claim", "seed 0 elsewhere"):
-            held.set()
-            deadline = time.time() + 60
-            while not (second / "metrics.json").exists() and time.time() < deadline:
-                time.sleep(0.05)
-            seen["second_done_while_held"] = (second / "metrics.json").exists()
-
-    t = threading.Thread(target=other_launcher)
-    t.start()
-    held.wait(10)
-    total = jobs.run_local(todo, os.getcwd(), jobs=1)
-    t.join()
-    assert seen["second_done_while_held"] and total["ok"] == 2
-    assert [read_record(first / "metrics.json")["status"], read_record(second / "metrics.json")["status"]] == ["ok", "ok"]
-
-
-def test_two_launchers_picking_one_run_at_once_the_second_moves_on(tmp_path, monkeypatch, capsys):
-    """The race busy_last cannot see: another launcher claims seed 0 just after this one's busy check said it was
-    free (both finished their previous run at the same moment). The claim itself then hands seed 0 to the end of the
-    sweep and seed 1 runs meanwhile; before, the second launcher waited out the first one's whole run."""
-    import threading
-    import time
-    from fedbench.launch.sweep import compose_run, run_dir
-    from fedbench.results.claims import claim
-    monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
-    monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr(jobs, "claimed_elsewhere", lambda *a: False)   # the check ran before the other's claim
-    todo = [TINY + ["num_clients=2", f"seed={s}"] for s in (0, 1)]
-    first, second = (run_dir(compose_run(ovs), os.getcwd()) for ovs in todo)
-    held, seen = threading.Event(), {}
-
-    def other_launcher():
-        with claim(first / ".claim", "seed 0 elsewhere"):
-            held.set()
-            deadline = time.time() + 30
-            while not (second / "metrics.json").exists() and time.time() < deadline:
-                time.sleep(0.05)
-            seen["second_done_while_held"] = (second / "metrics.json").exists()
-
-    t = threading.Thread(target=other_launcher)
-    t.start()
-    held.wait(10)
-    total = jobs.run_local(todo, os.getcwd(), jobs=1)
-    t.join()
-    assert seen["second_done_while_held"]
-    assert (total["ok"], total["failed"], total["skipped"]) == (2, 0, 0)   # seed 0 counted once, in the second pass
-    assert "is claimed by" in capsys.readouterr().err
+    with claimed_in_another_thread(first / ".claim", "seed 0 elsewhere",
+                                   until=lambda: (second / "metrics.json").exists()) as other:
+        total = jobs.run_local(todo, os.getcwd(), jobs=1)
+    assert other["until_met"]   # seed 1 finished while seed 0 was held
+    assert (total["ok"], total["failed"], total["skipped"]) == (2, 0, 0)   # seed 0 counted once
+    err = capsys.readouterr().err
+    assert "left for the end of this sweep" in err and ("is claimed by" in err or not checked_before_the_claim)
     assert [read_record(first / "metrics.json")["status"], read_record(second / "metrics.json")["status"]] == ["ok", "ok"]
 
 
@@ -250,53 +210,27 @@ def test_a_group_goes_back_whole_and_the_second_pass_waits(monkeypatch):
 def test_a_list_hands_itself_back_only_while_it_has_trained_nothing(tmp_path, monkeypatch):
     """execute_all without waiting: the first aggregator held elsewhere raises ClaimHeld with nothing written; the
     second held once the first has trained is waited for (a retry would count the first twice)."""
-    import threading
     import time
     from fedbench.config import CONF_DIR
     from fedbench.config.aggregators import expand_aggregators
     from fedbench.launch.sweep import compose_run, run_dir
-    from fedbench.results.claims import ClaimHeld, claim
+    from fedbench.results.claims import ClaimHeld
     from fedbench.runner import execute_all
+    from tests.test_claims import claimed_in_another_thread
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setenv("FEDBENCH_DATA", str(tmp_path / "data"))
     cfg = compose_run(TINY + ["num_clients=2", "aggregators=[fedavg,fednova]"])
     dirs = [run_dir(sub, os.getcwd()) for sub in expand_aggregators(cfg, CONF_DIR)]
-    held, done, released = threading.Event(), threading.Event(), {}
-
-    def hold_first():   # another thread: a claim this thread holds would be an error, not a wait
-        with claim(dirs[0] / ".claim", "fedavg elsewhere"):
-            held.set()
-            done.wait(30)
-
-    t = threading.Thread(target=hold_first)
-    t.start()
-    held.wait(10)
-    try:
+    with claimed_in_another_thread(dirs[0] / ".claim", "fedavg elsewhere"):
         with pytest.raises(ClaimHeld):
             execute_all(cfg, run_dir(cfg, os.getcwd()), CONF_DIR, launch_dir=os.getcwd(), wait_for_claim=False)
-    finally:
-        done.set()
-        t.join()
     assert not any((d / "metrics.json").exists() for d in dirs)
-    held.clear()
-
-    def hold_second():
-        with claim(dirs[1] / ".claim", "fednova elsewhere"):
-            held.set()
-            deadline = time.time() + 30
-            while not (dirs[0] / "metrics.json").exists() and time.time() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)
-            released["at"] = time.time()
-
-    t = threading.Thread(target=hold_second)
-    t.start()
-    held.wait(10)
-    recs = execute_all(cfg, run_dir(cfg, os.getcwd()), CONF_DIR, launch_dir=os.getcwd(), wait_for_claim=False)
-    t.join()
+    with claimed_in_another_thread(dirs[1] / ".claim", "fednova elsewhere",
+                                   until=lambda: (dirs[0] / "metrics.json").exists(), linger_s=0.5) as other:
+        recs = execute_all(cfg, run_dir(cfg, os.getcwd()), CONF_DIR, launch_dir=os.getcwd(), wait_for_claim=False)
     assert [r["status"] for r in recs] == ["ok", "ok"] and not any(r.get("skipped") for r in recs)
     assert read_record(dirs[1] / "metrics.json")["finished"] >= time.strftime("%Y-%m-%dT%H:%M:%S",
-                                                                                time.localtime(released["at"] - 1))
+                                                                                time.localtime(other["released_at"] - 1))
 
 
 if __name__ == "__main__":

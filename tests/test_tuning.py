@@ -269,10 +269,9 @@ def test_a_run_another_launcher_claims_after_the_busy_check_is_passed_over(tmp_p
     """The race the busy check cannot see (both launchers check the same free point at one moment, the other claims
     it first): the claim itself answers, the task trains the next point and answers DEFERRED instead of waiting out
     the other's whole run."""
-    import threading
     import fedbench.launch.tuning as tuning
     from fedbench.launch.tuning import DEFERRED, selection_config, tune_task, tuning_tasks
-    from fedbench.results.claims import claim
+    from tests.test_claims import claimed_in_another_thread
 
     root = tmp_path / "out"
     ovs = TINY + [f"paths.output_root={root}", f"paths.data_root={tmp_path / 'data'}", "tuning=on"]
@@ -280,22 +279,9 @@ def test_a_run_another_launcher_claims_after_the_busy_check_is_passed_over(tmp_p
     (task,) = [t for t in tasks if t.grid]
     first, second = (root / "runs" / compute_run_id(selection_config(task, spec, p)) for p in grid_points(task.grid))
     monkeypatch.setattr(tuning, "_held_elsewhere", lambda cfg, root: False)   # checked before the other claimed
-    held, done = threading.Event(), threading.Event()
-
-    def other_launcher():   # another thread: this thread's own claim would be an error, not a wait
-        with claim(first / ".claim", "the other launcher's run"):
-            held.set()
-            done.wait(60)
-
-    t = threading.Thread(target=other_launcher)
-    t.start()
-    held.wait(10)
-    try:
+    with claimed_in_another_thread(first / ".claim", "the other launcher's run"):
         assert tune_task(task, spec, root, str(tmp_path), defer_busy=True) == DEFERRED
         assert (second / "metrics.json").is_file() and not (first / "metrics.json").exists()
-    finally:
-        done.set()
-        t.join()
     sel = tune_task(task, spec, root, str(tmp_path), defer_busy=True)   # released: the task goes on
     assert [t["run_id"] for t in sel["val_metric"]] == [first.name, second.name]
     assert (root / "runs" / sel["final_run_id"] / "metrics.json").is_file()
