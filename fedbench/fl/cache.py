@@ -29,6 +29,7 @@ import torch
 from fedbench.checksums import payload_sha256
 from fedbench.fl.resume import parked_store
 from fedbench.results.claims import claim
+from fedbench.results.records import write_torch_atomic
 
 CACHE_VERSION = 1   # bump when what a cached stage means changes
 STAGES_DIR = "stages"   # in the parked store (results/checkpoints): unfinished stages' clients, scripts/park_checkpoints.py
@@ -246,15 +247,7 @@ class ClientProgress:
     def save(self, i: int, header: Dict[str, Any], client: Dict[str, Any]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         client = _to(client, torch.device("cpu"))
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{i}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save({"header": header, "client": client, "sha256": payload_sha256(client)}, tmp)
-            os.replace(tmp, self.folder / f"{i}.pt")
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_torch_atomic(self.folder / f"{i}.pt", {"header": header, "client": client, "sha256": payload_sha256(client)})
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
