@@ -495,6 +495,15 @@ step_fedlpa_tables1_3_fmnist() { # Table 1's FMNIST row (200 local epochs, 9 par
     table experiment=fedlpa/table3 profile=paper
 }
 
+step_fedlpa_table1_mnist_beta005() {  # Table 1's MNIST beta = 0.05 cells beyond Fig. 1's seed-0 record (its run id is
+                                      # Table 1's): seeds 1-2 with the one-stage list, so the row has 3 seeds; about
+                                      # 30-45 CPU min a run here
+    for s in 1 2; do
+        run experiment=fedlpa/table1 profile=paper dataset=mnist "partition.spec='beta=0.05'" seed=$s "$FEDLPA_CG_ONESTAGE"
+    done
+    table experiment=fedlpa/table1 profile=paper
+    table --name cg experiment=fedlpa/table1 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
+}
 step_fedlpa_table2_onestage() {  # Table 2 (FMNIST, 20 and 50 clients, 200 local epochs, 9 partitions x 3 seeds = 54 runs), the
                                  # methods of one shared stage (FedProx's four mu and DENSE left out); after
                                  # fedlpa_tables1_3_fmnist: about 30-45 CPU min a run here (the same 60,000 samples x 200 epochs)
@@ -564,7 +573,7 @@ STEPS=(fedlap_table1_tabular fedlap_table1_heart_standardize fedlap_credit_fold4
        fola_figure5 fedlap_table3_mnist_homog fedlap_table3_feddyn_client_average fedlap_mnist_feddyn_bayes_admm fedlap_appD2 fedbens_figures_fmnist fedbens_table2_fmnist fedfisher_table6_mnist fedlpa_figure1_mnist fedlpa_table9_fmnist fedfisher_figure1_wide fedlpa_table10_short fedlpa_table10_tuned
        fedlap_table1_fmnist100 fedlpa_table10_long fedlap_appE5 fedlpa_table11_short fedlpa_figure2_mnist fedlpa_figure2_fedlpa fedlpa_figure2_reference fedlpa_figure2_scaffold fedlpa_figure2_baselines fedlpa_figure2_stable fedlpa_table7_onestage fedlpa_table8_onestage
        fola_figures10_12 fola_figures3_4 fola_figure3_gridedge fola_figure3_coarse fedlap_table5_valnll_mnist fola_figure5_lambda1000
-       fedlpa_tables1_3_fmnist fedlpa_table2_onestage)
+       fedlpa_tables1_3_fmnist fedlpa_table2_onestage fedlpa_table1_mnist_beta005)
 
 usage() {
     echo "usage: bash scripts/campaign.sh [--collect | --status] STEP... | all | --list | --park" >&2
