@@ -169,6 +169,8 @@ def _execute(cfg: DictConfig, output_dir: str | Path, *, launch_dir: Optional[st
     if skipped is not None:
         return skipped
     run = build_setup(cfg, launch_dir, memory_cache)
+    if run.fl.cache is not None:   # noted beside the cache entries it uses: parking keeps them till it ends
+        run.fl.cache.user = compute_run_id(cfg)
     algo = build_algorithm(config_group(cfg, "algorithm"), run.fl)
     record = _train_and_record(cfg, out, run, algo, t_start, cpu_start)
     _print_summary(cfg, record, run, out / "metrics.json")

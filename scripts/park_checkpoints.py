@@ -7,7 +7,9 @@ record store). Commit results/checkpoints/ afterwards; a run that finds no resum
 parked one. A one-round run's long client stage is parked too: the clients it finished so far
 (``<outputs>/cache/clients/*/<key>.clients/``) go to ``results/checkpoints/stages/<key>/``, where the stage's
 next training takes them from (fedbench/fl/cache.py ``ClientProgress``); a stage whose cache entry exists here is
-removed from there.
+removed from there. So is a finished cache entry (a stage's clients, a client's curvature) that a run without its
+record used (a one-shot run killed in its server solves): ``results/checkpoints/stages/<key>.pt``, with the run ids
+that need it, loaded from there on a fresh machine and removed once they all have their records.
 
     python scripts/park_checkpoints.py [--outputs outputs]       (bash scripts/campaign.sh --park)
 """
@@ -31,14 +33,17 @@ def main() -> int:
     out = Path(args.outputs)
     store = parked_store()
     candidates = {p.parent.name for p in out.glob("runs/*/resume.pt")} | {p.stem for p in store.glob("*.pt")}
-    finished = {r for r in candidates
-                if is_complete(out / "runs" / r / "metrics.json", r) or is_complete(records_dir() / r / "metrics.json", r)}
+
+    def has_record(r: str) -> bool:
+        return is_complete(out / "runs" / r / "metrics.json", r) or is_complete(records_dir() / r / "metrics.json", r)
+
+    finished = {r for r in candidates if has_record(r)}
     done = park_checkpoints(out, store, finished)
     for key in ("parked", "kept", "removed"):
         print(f"{key}: {', '.join(done[key]) or 'none'}")
-    stages = park_stages(Path(args.cache) if args.cache else out / "cache" / "clients", store)
-    print(f"stages parked: {', '.join(stages['parked']) or 'none'}; removed (finished): "
-          f"{', '.join(stages['removed']) or 'none'}")
+    stages = park_stages(Path(args.cache) if args.cache else out / "cache" / "clients", store, has_record)
+    print(f"stages parked: {', '.join(stages['parked']) or 'none'}; finished entries parked for unfinished runs: "
+          f"{', '.join(stages['entries']) or 'none'}; removed (finished): {', '.join(stages['removed']) or 'none'}")
     print(f"store: {store} ({len(list(store.glob('*.pt'))) if store.is_dir() else 0} parked run(s)); commit it")
     return 0
 

@@ -183,7 +183,7 @@ def test_a_parked_stage_goes_on_on_a_fresh_machine(tmp_path, monkeypatch, capsys
     revive()
     done = cache_mod.park_stages(tmp_path / "old" / "cache", store)
     (key,) = [p.name for p in (store / "stages").iterdir()]
-    assert done == {"parked": [f"{key} (1 client(s))"], "removed": []}
+    assert done == {"parked": [f"{key} (1 client(s))"], "entries": [], "removed": []}
     new = _cached_setup(tmp_path / "new")
     new.model.load_state_dict(old.model.state_dict())
     resumed, _ = _run(new, {"name": "fedavg"})
@@ -192,5 +192,5 @@ def test_a_parked_stage_goes_on_on_a_fresh_machine(tmp_path, monkeypatch, capsys
     fresh_setup.model.load_state_dict(old.model.state_dict())
     fresh, _ = _run(fresh_setup, {"name": "fedavg"})
     assert all(torch.equal(resumed["params"][n], fresh["params"][n]) for n in fresh["params"])
-    assert cache_mod.park_stages(tmp_path / "new" / "cache", store) == {"parked": [], "removed": [key]}
+    assert cache_mod.park_stages(tmp_path / "new" / "cache", store) == {"parked": [], "entries": [], "removed": [key]}
     assert not (store / "stages" / key).exists()

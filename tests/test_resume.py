@@ -158,3 +158,51 @@ def test_a_parked_checkpoint_takes_a_run_on_to_a_fresh_machine(tmp_path, monkeyp
     assert (store / f"{rid}.pt").exists()   # the store is only changed by parking
     assert park_checkpoints(tmp_path / "new_machine", store, finished={rid})["removed"] == [rid]
     assert not (store / f"{rid}.pt").exists()
+
+
+def test_the_finished_stage_of_a_run_killed_in_its_solve_is_parked_for_a_fresh_machine(tmp_path, monkeypatch, capsys):
+    """A one-shot FedLPA run is killed after its clients and their curvature are in the cache (as a run in its
+    server solves at a session's end): parking copies the entries it used into the store with its run id; on a fresh
+    machine (empty outputs and cache) the run loads them from there, trains no client, and ends as the run in one go
+    would; once it has its record, parking there removes them. A finished run's entries are not parked."""
+    from fedbench.fl.cache import park_stages
+    from fedbench.results.records import is_complete
+    store = tmp_path / "checkpoints"
+    monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(store))
+
+    def cfg_on(machine):
+        return _cfg("fedlpa", "rounds=1", "cache=true", f"paths.cache_dir={tmp_path / machine / 'cache'}")
+
+    def has_record(machine):
+        return lambda r: is_complete(tmp_path / machine / "runs" / r / "metrics.json", r)
+
+    rid = compute_run_id(cfg_on("old"))
+    assert compute_run_id(cfg_on("new")) == rid
+    whole = _run(cfg_on("one_go"), tmp_path / "one_go", "runs")
+    assert park_stages(tmp_path / "one_go" / "cache", tmp_path / "other_store", has_record("one_go"))["entries"] == []
+
+    def dying(*a, **k):
+        raise KeyboardInterrupt   # the session's end, after the aggregation's solve
+    monkeypatch.setattr(loop, "evaluate_round", dying)
+    with pytest.raises(KeyboardInterrupt):
+        _run(cfg_on("old"), tmp_path / "old", "runs")
+    monkeypatch.undo()
+    monkeypatch.setenv("FEDBENCH_CHECKPOINTS", str(store))
+    done = park_stages(tmp_path / "old" / "cache", store, has_record("old"))
+    entries = sorted((tmp_path / "old" / "cache").glob("*/*.pt"))
+    assert len(entries) >= 2   # the clients' training and their curvature
+    assert done == {"parked": [], "removed": [], "entries": [f"{e.stem} (for run(s) {rid})" for e in entries]}
+    parked = sorted((store / "stages").glob("*.pt"))
+    assert [p.name for p in parked] == sorted(e.name for e in entries)
+    assert all(p.with_suffix(".users").read_text() == f"{rid}\n" for p in parked)
+
+    fresh = _run(cfg_on("new"), tmp_path / "new", "runs")
+    assert capsys.readouterr().err.count("comes from its parked copy") == len(parked)
+    rec = json.loads((fresh / "metrics.json").read_text())
+    assert rec["status"] == "ok" and rec["cache"]["misses"] == 0
+    assert _history(fresh) == _history(whole)
+    a, b = torch.load(whole / "model.pt"), torch.load(fresh / "model.pt")
+    assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
+    done = park_stages(tmp_path / "new" / "cache", store, has_record("new"))
+    assert done["entries"] == [] and done["removed"] == [p.stem for p in parked]
+    assert not list((store / "stages").iterdir())

@@ -33,6 +33,7 @@ from fedbench.results.records import write_torch_atomic
 
 CACHE_VERSION = 1   # bump when what a cached stage means changes
 STAGES_DIR = "stages"   # in the parked store (results/checkpoints): unfinished stages' clients, scripts/park_checkpoints.py
+USERS_SUFFIX = ".users"   # beside an entry: the run ids that used it, one a line (parking keeps what unfinished runs need)
 
 
 def cache_key(parts: Dict[str, Any]) -> str:
@@ -53,6 +54,7 @@ class ClientStageCache:
         self.hits = 0
         self.misses = 0
         self.served_s = 0.0   # what the entries served from the cache cost when they were computed (seconds)
+        self.user: Optional[str] = None   # the run id using the entries (the runner sets it), noted beside each one
 
     @property
     def enabled(self) -> bool:
@@ -80,7 +82,7 @@ class ClientStageCache:
             self.served_s += float(entry.get("seconds") or 0.0)
             return _clone(entry["payload"])   # callers may change what they get; the shared copy stays intact
         path = self.path(key)
-        if not path.exists():
+        if not path.exists() and not _unpark(key, path):
             return None
         try:
             entry = torch.load(path, map_location="cpu", weights_only=True)
@@ -98,6 +100,7 @@ class ClientStageCache:
             self.served_s += float(entry.get("seconds") or 0.0)
             if self.max_bytes is not None:
                 _touch(path)   # recently used: evicted last
+            self._note_user(path)
             return entry["payload"]
         except Exception as e:  # corrupt / torn / foreign / unchecked file: recompute, never use
             return self._discard(path, f"is unusable ({type(e).__name__})")
@@ -138,6 +141,7 @@ class ClientStageCache:
                 os.unlink(tmp)
             raise
         ClientProgress(path.with_suffix(".clients")).clear()   # the finished clients of its computation, if any
+        self._note_user(path)
         if self.max_bytes is not None:   # scan the directory only when the tally says the budget may be exceeded
             size = path.stat().st_size
             if self._bytes is None or self._bytes + size > self.max_bytes:
@@ -169,6 +173,7 @@ class ClientStageCache:
                 path.unlink()
             except OSError:
                 continue
+            path.with_suffix(USERS_SUFFIX).unlink(missing_ok=True)
             removed, freed = removed + 1, freed + size
         self._bytes = total - freed
         if removed:
@@ -176,6 +181,16 @@ class ClientStageCache:
                   f"the {removed} least recently used entr{'y' if removed == 1 else 'ies'} ({freed / 1e9:.2f} GB)",
                   file=sys.stderr)
         return removed
+
+    def _note_user(self, path: Path) -> None:
+        """Add this run's id to the entry's users (``<key>.users``): a finished entry whose run has not finished (a
+        one-shot run still in its server solves when a session ends) is parked with it (``park_stages``)."""
+        if self.user is None:
+            return
+        users = path.with_suffix(USERS_SUFFIX)
+        if self.user not in _read_users(users):
+            with open(users, "a") as f:   # one short line: concurrent appends do not tear it
+                f.write(self.user + "\n")
 
     def client_progress(self, parts: Dict[str, Any]) -> Optional["ClientProgress"]:
         """The store of the clients finished so far while the entry for ``parts`` is computed (on disk only; the
@@ -253,28 +268,80 @@ class ClientProgress:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def park_stages(cache_root: Path, store: Path) -> Dict[str, list]:
-    """Copy every unfinished stage's finished clients (``<cache_root>/*/<key>.clients/``) into
-    ``<store>/stages/<key>/``, where a fresh machine's ``ClientProgress`` finds them, and remove the parked stages whose
-    cache entry now exists here (finished). Returns {"parked": ["<key> (n clients)", ...], "removed": [key, ...]}."""
-    done: Dict[str, list] = {"parked": [], "removed": []}
-    parked_root = Path(store) / STAGES_DIR
-    for folder in sorted(Path(cache_root).glob("*/*.clients")):
+def park_stages(cache_root: Path, store: Path, finished: Optional[Callable[[str], bool]] = None) -> Dict[str, list]:
+    """Park what a fresh machine needs to go on with the unfinished work of this cache, in ``<store>/stages/``:
+
+    - every unfinished stage's finished clients (``<cache_root>/*/<key>.clients/``) go to ``stages/<key>/``, where
+      ``ClientProgress`` finds them; a parked stage whose cache entry now exists here (finished) is removed;
+    - every finished entry that a run still without its record used (``<key>.users``; ``finished(run_id)`` says
+      whether a run has its ok record) goes to ``stages/<key>.pt`` with its users, where ``ClientStageCache.load``
+      finds it: a one-shot run killed in its server solves does not train its clients again. A parked entry all
+      of whose users have finished is removed. Without ``finished`` no entry is parked or removed.
+
+    Returns {"parked": ["<key> (n clients)", ...], "entries": ["<key> (for run(s) ...)", ...], "removed": [key, ...]}."""
+    done: Dict[str, list] = {"parked": [], "entries": [], "removed": []}
+    cache_root, parked_root = Path(cache_root), Path(store) / STAGES_DIR
+    for folder in sorted(cache_root.glob("*/*.clients")):
         files = sorted(folder.glob("*.pt"))
         if not files:
             continue
         target = parked_root / ClientProgress(folder).key
         target.mkdir(parents=True, exist_ok=True)
         for f in files:
-            tmp = target / f".{f.name}.part"
-            shutil.copyfile(f, tmp)
-            tmp.replace(target / f.name)
+            _copy_atomic(f, target / f.name)
         done["parked"].append(f"{target.name} ({len(files)} client(s))")
     for target in sorted(parked_root.iterdir()) if parked_root.is_dir() else []:
-        if (Path(cache_root) / target.name[:2] / f"{target.name}.pt").exists():
+        if target.is_dir() and (cache_root / target.name[:2] / f"{target.name}.pt").exists():
             shutil.rmtree(target, ignore_errors=True)
             done["removed"].append(target.name)
+    if finished is None:
+        return done
+    for entry in sorted(cache_root.glob("*/*.pt")):
+        parked = parked_root / entry.name
+        users = _read_users(entry.with_suffix(USERS_SUFFIX)) | _read_users(parked.with_suffix(USERS_SUFFIX))
+        waiting = sorted(u for u in users if not finished(u))
+        if not waiting:
+            continue
+        parked_root.mkdir(parents=True, exist_ok=True)
+        tmp = parked.with_name(f".{parked.stem}.users.part")   # the users first: a parked entry always has them
+        tmp.write_text("".join(f"{u}\n" for u in sorted(users)))
+        tmp.replace(parked.with_suffix(USERS_SUFFIX))
+        if not parked.is_file() or parked.stat().st_size != entry.stat().st_size:
+            _copy_atomic(entry, parked)
+        done["entries"].append(f"{entry.stem} (for run(s) {', '.join(waiting)})")
+    for parked in sorted(parked_root.glob("*.pt")) if parked_root.is_dir() else []:
+        local = cache_root / parked.stem[:2] / parked.with_suffix(USERS_SUFFIX).name
+        users = _read_users(parked.with_suffix(USERS_SUFFIX)) | _read_users(local)
+        if all(finished(u) for u in users):   # every run that needed it has its record (or nobody is known to)
+            parked.unlink()
+            parked.with_suffix(USERS_SUFFIX).unlink(missing_ok=True)
+            done["removed"].append(parked.stem)
     return done
+
+
+def _unpark(key: str, path: Path) -> bool:
+    """Copy the parked entry ``<store>/stages/<key>.pt`` (``park_stages``) into the cache; whether there was one. It is
+    checked like any entry when loaded."""
+    parked = parked_store() / STAGES_DIR / f"{key}.pt"
+    if not parked.is_file():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _copy_atomic(parked, path)
+    print(f"fedbench: client-stage cache entry {key[:12]} comes from its parked copy {parked}", file=sys.stderr)
+    return True
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.part")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dst)
+
+
+def _read_users(path: Path) -> set:
+    try:
+        return {line.strip() for line in path.read_text().splitlines() if line.strip()}
+    except OSError:
+        return set()
 
 
 def _touch(path: Path) -> None:
