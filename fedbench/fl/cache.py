@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from fedbench.checksums import payload_sha256
-from fedbench.fl.resume import parked_store
+from fedbench.fl.resume import copy_atomic, parked_store
 from fedbench.results.claims import claim
 from fedbench.results.records import write_torch_atomic
 
@@ -288,7 +288,7 @@ def park_stages(cache_root: Path, store: Path, finished: Optional[Callable[[str]
         target = parked_root / ClientProgress(folder).key
         target.mkdir(parents=True, exist_ok=True)
         for f in files:
-            _copy_atomic(f, target / f.name)
+            copy_atomic(f, target / f.name)
         done["parked"].append(f"{target.name} ({len(files)} client(s))")
     for target in sorted(parked_root.iterdir()) if parked_root.is_dir() else []:
         if target.is_dir() and (cache_root / target.name[:2] / f"{target.name}.pt").exists():
@@ -307,7 +307,7 @@ def park_stages(cache_root: Path, store: Path, finished: Optional[Callable[[str]
         tmp.write_text("".join(f"{u}\n" for u in sorted(users)))
         tmp.replace(parked.with_suffix(USERS_SUFFIX))
         if not parked.is_file() or parked.stat().st_size != entry.stat().st_size:
-            _copy_atomic(entry, parked)
+            copy_atomic(entry, parked)
         done["entries"].append(f"{entry.stem} (for run(s) {', '.join(waiting)})")
     for parked in sorted(parked_root.glob("*.pt")) if parked_root.is_dir() else []:
         local = cache_root / parked.stem[:2] / parked.with_suffix(USERS_SUFFIX).name
@@ -326,15 +326,9 @@ def _unpark(key: str, path: Path) -> bool:
     if not parked.is_file():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    _copy_atomic(parked, path)
+    copy_atomic(parked, path)
     print(f"fedbench: client-stage cache entry {key[:12]} comes from its parked copy {parked}", file=sys.stderr)
     return True
-
-
-def _copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.part")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dst)
 
 
 def _read_users(path: Path) -> set:

@@ -136,15 +136,20 @@ def park_checkpoints(output_root: Path, store: Optional[Path] = None,
             done["kept"].append(run_id)
             continue
         store.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".part")
-        shutil.copyfile(path, tmp)
-        tmp.replace(target)
+        copy_atomic(path, target)
         done["parked"].append(f"{run_id} (round {_round_of(target)})")
     for target in sorted(store.glob("*.pt")) if store.is_dir() else []:
         if finished and target.stem in finished:
             target.unlink()
             done["removed"].append(target.stem)
     return done
+
+
+def copy_atomic(src: Path, dst: Path) -> None:
+    """Copy through a hidden temp file and a rename: a reader never sees half a file."""
+    tmp = dst.with_name(f".{dst.name}.part")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dst)
 
 
 def _round_of(path: Path) -> int:
