@@ -479,6 +479,24 @@ def test_verdict_entries_are_checked_in_one_line():
             check_verdicts([good, bad])
 
 
+def test_claim_entries_are_checked_in_one_line_and_their_note_is_printed_beside_the_status():
+    from fedbench.report import scoreboard as sb
+    good = {"paper": "p", "text": "w beats l", "collection": "t", "winner": "w", "loser": "l"}
+    sb.check_claims([good, {**good, "note": "row b won on a technicality"}])
+    for bad, msg in (({**good, "collection": None}, "claims\\[1\\] lacks collection"),
+                     ({**good, "looser": "l"}, r"unknown keys \['looser'\]"),
+                     ({**good, "note": "  "}, "non-empty text"),
+                     ({**good, "note": 3}, "non-empty text")):
+        with pytest.raises(FedbenchError, match=msg):
+            sb.check_claims([good, bad])
+    s = pd.DataFrame([{"dataset": "d", "partition": "a", "method": "w", "n": 3, "mean": 70.0},
+                      {"dataset": "d", "partition": "a", "method": "l", "n": 3, "mean": 60.0}])
+    colls = {"t": {"summary": s, "meta": {"rows": ["dataset", "partition"]}}}
+    plain, noted = (sb._claims({"claims": [c]}, colls)[5] for c in (good, {**good, "note": "a | b"}))
+    assert plain == "| p | w beats l | t | **reproduced** (1/1 rows) |"
+    assert noted == "| p | w beats l | t | **reproduced** (1/1 rows); note: a \\| b |"   # the bar escaped
+
+
 def test_committed_verdicts_link_to_gaps_and_name_committed_readings():
     """Every verdict's anchor is a section of gaps.md, its reading a committed collection, and every entry matches
     at least one committed cell outside tolerance (a stale entry is removed, not left to match a future cell)."""

@@ -74,7 +74,27 @@ def load_campaign(results: Path) -> Dict[str, Any]:
         raise FedbenchError(f"{path} is missing: the campaign plan lists every table's cost and claims")
     plan = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
     check_verdicts(plan.get("verdicts") or [], path)
+    check_claims(plan.get("claims") or [], path)
     return plan
+
+
+CLAIM_KEYS = {"paper", "text", "collection", "winner", "loser", "where", "significant", "paper_seeds", "method",
+              "along", "direction", "best_on_test_over", "note"}
+
+
+def check_claims(claims: List[Dict[str, Any]], where: Any = CAMPAIGN) -> None:
+    """One line per malformed entry of `claims:` (before anything is rendered). ``note:`` is free text printed
+    beside the claim's status: what the rule alone cannot say (a row won only on a technicality)."""
+    for i, cl in enumerate(claims):
+        missing = [k for k in ("paper", "text", "collection") if not cl.get(k)]
+        if missing:
+            raise FedbenchError(f"{where}: claims[{i}] lacks {', '.join(missing)}")
+        unknown = set(cl) - CLAIM_KEYS
+        if unknown:
+            raise FedbenchError(f"{where}: claims[{i}] has unknown keys {sorted(unknown)}; known: "
+                                f"{', '.join(sorted(CLAIM_KEYS))}")
+        if "note" in cl and not (isinstance(cl["note"], str) and cl["note"].strip()):
+            raise FedbenchError(f"{where}: claims[{i}]: note must be a non-empty text, got {cl['note']!r}")
 
 
 def check_verdicts(verdicts: List[Dict[str, Any]], where: Any = CAMPAIGN) -> None:
@@ -588,7 +608,8 @@ def _claims(plan: dict, colls: dict) -> List[str]:
         status, detail = _claim_status(cl, colls)
         counts[status] = counts.get(status, 0) + 1
         provisional += "provisional:" in detail
-        lines.append(f"| {cl['paper']} | {cl['text']} | {cl['collection']} | **{status}** ({detail}) |")
+        note = "; note: " + cl["note"].strip().replace("|", "\\|") if cl.get("note") else ""   # a bar would end the cell
+        lines.append(f"| {cl['paper']} | {cl['text']} | {cl['collection']} | **{status}** ({detail}){note} |")
     lines.append("")
     lines.append("Claims: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                  + (f" ({provisional} provisional: fewer than the paper's seeds)" if provisional else "") + "."
