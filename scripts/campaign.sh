@@ -504,7 +504,8 @@ step_fedlpa_table1_mnist_beta005() {  # Table 1's MNIST beta = 0.05 cells beyond
     table experiment=fedlpa/table1 profile=paper
     table --name cg experiment=fedlpa/table1 profile=paper 'aggregators=[{name:fedlpa,solver:cg}]'
 }
-step_fedlpa_table2_onestage() {  # Table 2 (FMNIST, 20 and 50 clients, 200 local epochs, 9 partitions x 3 seeds = 54 runs), the
+step_fedlpa_table2_onestage() {  # Table 2 (FMNIST, 20 and 50 clients, 200 local epochs, 9 partitions x 3 seeds less the
+                                 # 50-client beta = 0.01 row, which no NIID-Bench draw makes: 51 runs), the
                                  # methods of one shared stage (FedProx's four mu and DENSE left out); after
                                  # fedlpa_tables1_3_fmnist: about 30-45 CPU min a run here (the same 60,000 samples x 200 epochs)
     fedlpa_onestage table2 fmnist

@@ -256,6 +256,26 @@ def test_labeldir_same_indices_as_global_rng_oracle(labels, restore_global_rng, 
     assert [p.tolist() for p in parts] == oracle
 
 
+def test_fedlpa_table2_needs_more_redraws_than_the_default_cap_and_50_clients_at_beta_001_never_draw():
+    """FedLPA Table 2 (FMNIST, 6,000 samples a class). NIID-Bench redraws a split until every client holds 10 samples,
+    with no limit: at 20 clients and beta = 0.01 seed 1 draws 480 times (seeds 0 / 2: 2,756 / 5,814), so the preset
+    raises the cap; at 50 clients no draw succeeds (none of 100,000 simulated, results/gaps.md#fedlpa-table2) and the
+    preset leaves that row out of its sweep."""
+    from fedbench.launch.sweep import compose_run, expand_sweep
+    y = np.repeat(np.arange(10), 6000)
+    runs = [compose_run(o) for o in expand_sweep(["experiment=fedlpa/table2", "profile=paper"])]
+    cap = {r.partition.max_retries for r in runs}
+    assert cap == {20000}
+    assert not [r for r in runs if r.num_clients == 50 and r.partition.spec == "beta=0.01"]
+    assert len([r for r in runs if r.num_clients == 20 and r.partition.spec == "beta=0.01"]) == 3
+    with pytest.raises(FedbenchError, match="in 479 tries"):
+        make_partition("noniid-labeldir", y, 20, 1, beta=0.01, max_retries=479)
+    parts = make_partition("noniid-labeldir", y, 20, 1, beta=0.01, max_retries=20000)
+    assert min(len(p) for p in parts) >= 10 and sum(len(p) for p in parts) == len(y)
+    with pytest.raises(FedbenchError, match="no draw gave every client >= 10 samples in 300 tries"):
+        make_partition("noniid-labeldir", y, 50, 0, beta=0.01, max_retries=300)
+
+
 def _oracle_label_k(y, K, k, seed):
     """NIID-Bench "#C=k" as fedlpa.md §3 describes it, on the *global* RNGs that FedLPA's scripts seed
     (``np.random.seed(s); random.seed(s)`` with s = --init_seed): client i holds class i % C, then k-1

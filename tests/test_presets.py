@@ -23,7 +23,7 @@ P9, D4 = 9, 4   # FedLPA: 6 Dirichlet betas + #C in {1,2,3}; FMNIST, CIFAR-10, M
 EXPECTED = {
     "fedlpa/table1": D4 * P9 * 3, "fedlpa/table5": D4 * P9 * 3, "fedlpa/table6": D4 * P9 * 3,
     "fedlpa/table7": D4 * P9 * 3, "fedlpa/table8": D4 * P9 * 3,
-    "fedlpa/table2": 1 * P9 * 2 * 3,          # FMNIST x P9 x {20, 50} clients x 3 seeds
+    "fedlpa/table2": 1 * (P9 + P9 - 1) * 3,   # FMNIST x P9 x {20, 50} clients x 3 seeds, less 50 clients at beta 0.01
     "fedlpa/table3": 1 * P9 * 3,              # FMNIST x P9 x 3 seeds, 3 lambdas as aggregators
     "fedlpa/table9": 1 * 6 * 3,               # FMNIST x 6 betas x 3 seeds
     "fedlpa/table10": D4 * 1 * 5 * 3,         # D4 x beta=0.001 x 5 epoch counts x 3 seeds
@@ -67,6 +67,8 @@ EXPECTED = {
 # presets whose rows are the same (dataset x partition) grid: the full row check runs on one of them (table1;
 # table6 is checked by tests/test_tables.py), the others only check columns and their first block
 SAME_GRID = {"fedlpa/table5", "fedlpa/table7", "fedlpa/table8", "fedlpa/table6"}
+# paper rows a preset leaves out on purpose, each with its reason in the preset and in results/gaps.md
+LEFT_OUT = {"fedlpa/table2": {("fmnist", "50", "beta=0.01")}}   # no NIID-Bench draw gives 50 clients 10 samples each
 
 
 @lru_cache(maxsize=None)
@@ -154,7 +156,9 @@ def test_rows_match_reference_columns_and_values(preset):
     theirs = {tuple(_norm(r[k]) for k in order) for r in ref
               if r.get("dataset") != "average" and all(r[k] != "" for k in order)}
     assert theirs, preset
-    assert theirs <= ours, f"{preset}: reference rows without a run: {sorted(theirs - ours)[:5]}"
+    left_out = LEFT_OUT.get(preset, set())
+    assert left_out <= theirs and not left_out & ours, f"{preset}: stale LEFT_OUT {sorted(left_out)}"
+    assert theirs - left_out <= ours, f"{preset}: reference rows without a run: {sorted(theirs - ours)[:5]}"
 
 
 def test_shared_settings_share_run_ids():
