@@ -360,9 +360,9 @@ def test_extrapolate_cost_from_a_reduced_trace():
 
 def test_dense_cost_script(tmp_path, capsys):
     import csv
-    import sys
-    sys.path.insert(0, str(ROOT))
-    from scripts.dense_cost import main
+
+    from tests.script_loader import load_script
+    main = load_script("dense_cost.py").main
     rows = [{"epoch": 1, "kd_loss": 0.1, "pool": 256, "synthesis_s": 50.0, "kd_s": 0.1},
             {"epoch": 2, "kd_loss": 0.1, "pool": 512, "synthesis_s": 52.0, "kd_s": 0.2}]
     with open(tmp_path / "trace.csv", "w", newline="") as f:

@@ -2,21 +2,15 @@
 the pairs' co-training mass, the balanced client weights, and the errors per pair."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gaps" / "fola_mix_confusion.py"
+from tests.script_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def diag():
-    spec = importlib.util.spec_from_file_location("fola_mix_confusion", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gaps/fola_mix_confusion.py")
 
 
 def test_co_mass_is_the_rarer_class_share_held_beside_the_other(diag):

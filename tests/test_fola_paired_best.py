@@ -3,19 +3,13 @@
 grid is left out."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gaps" / "fola_paired_best.py"
+from tests.script_loader import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("fola_paired_best", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gaps/fola_paired_best.py")
 
 
 def _runs(acc, part="alpha=10", n=5):

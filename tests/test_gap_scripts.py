@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 BENS = ROOT / "scripts" / "gaps" / "fedbens_released_baseline.sh"
 LPA = ROOT / "scripts" / "gaps" / "fedlpa_released_baseline.sh"
@@ -109,15 +111,8 @@ def test_fedlpa_bad_parties(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
-CROSS = ROOT / "scripts" / "gaps" / "fedlpa_cross_server.py"
-
-
 def _cross():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("fedlpa_cross_server", CROSS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gaps/fedlpa_cross_server.py")
 
 
 def test_fedlpa_cross_server_rejects_bad_input(tmp_path, capsys):
@@ -225,10 +220,7 @@ def test_fedlpa_cross_server_pairs_equal_sized_clients_by_their_factors(tmp_path
 
 
 def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("fedlap_val_vs_test_nll", ROOT / "scripts" / "gaps" / "fedlap_val_vs_test_nll.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("gaps/fedlap_val_vs_test_nll.py")
     (tmp_path / "metrics.json").write_text("{}")
     assert mod.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -236,11 +228,7 @@ def test_fedlap_val_vs_test_nll_needs_a_saved_model(tmp_path, capsys):
 
 
 def _client_accuracy():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("client_accuracy", ROOT / "scripts" / "gaps" / "client_accuracy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gaps/client_accuracy.py")
 
 
 def test_client_accuracy_reads_the_cached_clients(tmp_path, monkeypatch, capsys):

@@ -12,6 +12,7 @@ from fedbench.errors import FedbenchError
 from fedbench.launch.sweep import compose_run, expand_sweep
 from fedbench.partition import make_partition
 from fedbench.papers.fedfisher import gmi_attack as g
+from tests.script_loader import load_script
 
 QUICK = ["experiment=fedfisher/table6", "profile=quick"]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -250,18 +251,13 @@ def test_aux_pool_all_clients_draws_client1s_3s_and_changes_the_run_id(tmp_path,
 def test_gap_script_relabels_saved_reconstructions_as_the_record_did(tmp_path, monkeypatch, capsys):
     """scripts/gaps/fedfisher_table6_attack.py retrains the study's own evaluator: its labels of the saved
     reconstructions must reproduce the recorded attack accuracy; an attack variant runs from the saved GAN."""
-    import importlib.util
-    from pathlib import Path
 
     cfg = _tiny_study(tmp_path, monkeypatch, ["study.aux_size=40"])
     run = tmp_path / "run"
     out = g.run_from_config(cfg, run, launch_dir=str(tmp_path), log=None)
     (run / "metrics.json").write_text(json.dumps({"study": "gmi_attack", "metrics": out["metrics"],
                                                   "config": OmegaConf.to_container(cfg, resolve=True)}))
-    spec = importlib.util.spec_from_file_location(
-        "gap_t6", Path(__file__).resolve().parents[1] / "scripts" / "gaps" / "fedfisher_table6_attack.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("gaps/fedfisher_table6_attack.py")
     monkeypatch.chdir(tmp_path)
     assert mod.main([str(run), "--evaluators", "mlp", "--csv", str(tmp_path / "a.csv")]) == 0
     import pandas as pd
@@ -309,8 +305,6 @@ def test_client1_kfac_is_the_factors_client1_uploads(tmp_path, monkeypatch):
 
 def test_dry_run_of_the_study_preset_trains_nothing(tmp_path, monkeypatch, capsys):
     """`reproduce.py --dry-run` on a study preset used to run the study."""
-    import importlib.util
-    from pathlib import Path
 
     from fedbench.report import studies
 
@@ -319,9 +313,7 @@ def test_dry_run_of_the_study_preset_trains_nothing(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(studies, "run_study_preset", refuse)
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(tmp_path / "out"))
-    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("reproduce.py")
     assert mod.main(["--dry-run", "experiment=fedfisher/table6", "profile=paper"]) == 0
     assert capsys.readouterr().out.strip() == "dry run: 0/3 study run(s) done, 3 to do"
     assert not (tmp_path / "out").exists()
@@ -330,8 +322,6 @@ def test_dry_run_of_the_study_preset_trains_nothing(tmp_path, monkeypatch, capsy
 def test_named_collection_of_the_study_leaves_the_presets_table_and_figure_alone(tmp_path, monkeypatch):
     """`reproduce.py --collect-only --name auxall <study preset> <other settings>` once wrote the preset's own
     table and replaced its collections.yaml entry with the what-if's overrides."""
-    import importlib.util
-    from pathlib import Path
 
     import yaml
 
@@ -353,9 +343,7 @@ def test_named_collection_of_the_study_leaves_the_presets_table_and_figure_alone
     own.write_text("the preset's own table")
     monkeypatch.setenv("FEDBENCH_OUTPUTS", str(out))
     monkeypatch.chdir(tmp_path)
-    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("reproduce.py")
     assert mod.main(["--collect-only", "--name", "auxall", *what_if]) == 0
     assert own.read_text() == "the preset's own table"
     assert "70.00 ± 0.00 / 78.40" in (tables / "fedfisher_table6_quick_auxall.md").read_text()

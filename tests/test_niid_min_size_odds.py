@@ -2,22 +2,15 @@
 client its minimum, from the Dirichlet proportions alone, must agree with the real partition's client sizes."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from fedbench.partition import make_partition
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gaps" / "niid_min_size_odds.py"
+from tests.script_loader import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("niid_min_size_odds", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gaps/niid_min_size_odds.py")
 
 
 def test_sizes_from_the_proportions_alone_equal_the_partitions_on_a_draw_that_needs_no_redraw():

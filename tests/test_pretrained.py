@@ -8,7 +8,8 @@ import torch
 from fedbench.errors import FedbenchError
 from fedbench.models import build_model
 from fedbench.models.pretrained import file_sha256, load_pretrained
-from tests.test_run import SMALL, ROOT, records, run
+from tests.script_loader import load_script
+from tests.test_run import SMALL, records, run
 
 
 def _tiny(seed=1, num_classes=200):
@@ -78,10 +79,7 @@ def _image_folder(root, classes=3, per_class=4, val=True):
 
 
 def test_pretraining_script_writes_a_loadable_checkpoint(tmp_path, one_thread):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("pretrain", ROOT / "scripts" / "pretrain_tiny_imagenet.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("pretrain_tiny_imagenet.py")
     _image_folder(tmp_path / "tiny")
     out = tmp_path / "ck" / "r.pt"
     assert mod.main(["--data", str(tmp_path / "tiny"), "--out", str(out), "--epochs", "1", "--batch-size", "6",

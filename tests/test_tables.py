@@ -86,11 +86,9 @@ def test_entries_of_one_method_with_different_settings_are_separate_columns(tmp_
 
 
 def test_reproduce_rejects_a_bad_table_name_before_training(tmp_path, monkeypatch, capsys):
-    import sys
-    from tests.test_run import ROOT
-    sys.path.insert(0, str(ROOT))
     import fedbench.launch.jobs as jobs
-    from scripts.reproduce import main
+    from tests.script_loader import load_script
+    main = load_script("reproduce.py").main
     monkeypatch.setattr(jobs, "run_job_records", lambda *a, **k: pytest.fail("trained despite a bad --name"))
     monkeypatch.setattr(jobs, "run_local", lambda *a, **k: pytest.fail("trained despite a bad --name"))
     monkeypatch.chdir(tmp_path)

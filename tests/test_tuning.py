@@ -9,6 +9,7 @@ import torch
 from fedbench.config.tuning import better, grid_points, parse_tuning
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id
+from tests.script_loader import load_script
 
 # a tiny preset of its own: softmax regression on 300 synthetic points, 2 clients, 2 rounds; lr is the tuned knob
 TABLE = ("table={paper:t,id:tune,title:x,rows:[dataset],profiles:{paper:{}},"
@@ -328,17 +329,11 @@ def test_run_py_refuses_tuning_on_and_reproduce_prints_one_error_line(capsys):
 
     with pytest.raises(FedbenchError, match="use scripts/reproduce.py"):
         preflight(["experiment=fedlap/table1", "tuning=on"])
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("reproduce.py")
     assert mod.main(["experiment=fedlap/table2", "tuning=on"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedbench: error: tuning=on needs a preset with a table.tuning block")
-    spec = importlib.util.spec_from_file_location("submit", Path(__file__).resolve().parents[1] / "scripts" / "submit.py")
-    sub = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sub)
+    sub = load_script("submit.py")
     assert sub.main(["experiment=fedlap/table1", "tuning=on"]) == 2
     assert capsys.readouterr().err.strip() == ("fedbench: error: tuning=on is run by scripts/reproduce.py (selection runs, "
                                                "then the final runs); submit does not support it yet")
@@ -361,8 +356,6 @@ def test_parse_tuning_defaults():
 
 
 def test_dry_run_counts_what_tuning_and_a_sweep_still_have_to_train(tmp_path, capsys, one_thread):
-    import importlib.util
-    from pathlib import Path
 
     from fedbench.launch.tuning import tuning_plan
 
@@ -373,9 +366,7 @@ def test_dry_run_counts_what_tuning_and_a_sweep_still_have_to_train(tmp_path, ca
     made = sorted((tmp_path / "out" / "runs").glob("*/metrics.json"))
     after = tuning_plan(TINY + out + ["tuning=on"], str(tmp_path))
     assert after == {"tasks": 1, "tasks_done": 1, "selection_runs": 2, "selection_done": 2}
-    spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("reproduce.py")
     capsys.readouterr()
     assert mod.main(["--dry-run", *TINY, *out, "tuning=on"]) == 0
     assert capsys.readouterr().out.strip() == "dry run: tuning 2/2 selection run(s) done, 1/1 (cell, method) task(s) finished"

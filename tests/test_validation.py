@@ -1,6 +1,5 @@
 """Bad input is rejected before anything heavy: one `fedbench: error:` line, exit status 2, nothing on disk,
 no torch import (fedbench issue 15). The invalid invocations are the table of scripts/check_inputs.py."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,11 +15,10 @@ from fedbench.config.preflight import preflight
 from fedbench.config.validate import validate_config
 from fedbench.errors import FedbenchError
 from fedbench.results.records import compute_run_id
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("check_inputs", ROOT / "scripts" / "check_inputs.py")
-check_inputs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_inputs)
+check_inputs = load_script("check_inputs.py")
 CASES = check_inputs.CASES
 
 
